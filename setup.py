@@ -1,0 +1,5 @@
+"""Minimal shim: the project is configured in pyproject.toml."""
+
+from setuptools import setup
+
+setup()

@@ -1,0 +1,11 @@
+"""Storages: where a replay buffer keeps its data."""
+
+from torchrl.data.replay_buffers.storages.base import Storage
+from torchrl.data.replay_buffers.storages.list import ListStorage
+from torchrl.data.replay_buffers.storages.memmap import LazyMemmapStorage
+from torchrl.data.replay_buffers.storages.tensor import LazyTensorStorage, TensorStorage
+
+__all__ = ["Storage", "ListStorage", "TensorStorage", "LazyTensorStorage", "LazyMemmapStorage"]
+
+for _cls in (Storage, ListStorage, TensorStorage, LazyTensorStorage, LazyMemmapStorage):
+    _cls.__module__ = __name__

@@ -1,0 +1,172 @@
+"""How a storage turns the user's data into one backing TensorDict and back.
+
+Tensor storages keep every kind of data in a single :class:`~tensordict.TensorDict` (one leaf per tensor),
+so that writes, gathers, sharing and memory-mapping have one code path. A :class:`DataCodec` remembers the
+kind of the first datum and converts in both directions:
+
+==============  ===========================================  ==========================================
+kind            backing TensorDict                           returned by ``get``
+==============  ===========================================  ==========================================
+``tensor``      ``{"_tensor": t}``                           the tensor
+``tensordict``  the TensorDict's own (nested) keys           a TensorDict
+``tensorclass`` the tensorclass's TensorDict                 an instance of the same tensorclass
+``pytree``      one leaf per pytree path (``"obs"``, ``"0"``) the same pytree (dicts, tuples, lists)
+==============  ===========================================  ==========================================
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from tensordict import TensorDict, TensorDictBase, is_tensorclass
+
+TENSOR_KEY = "_tensor"
+KINDS = ("tensor", "tensordict", "tensorclass", "pytree")
+
+
+def _path_to_key(path) -> tuple[str, ...]:
+    parts = []
+    for entry in path:
+        if isinstance(entry, pytree.MappingKey):
+            parts.append(str(entry.key))
+        elif isinstance(entry, pytree.SequenceKey):
+            parts.append(str(entry.idx))
+        else:  # GetAttrKey and others
+            parts.append(str(getattr(entry, "name", entry)))
+    return tuple(parts)
+
+
+def data_kind(data) -> str:
+    """The kind of ``data``: ``"tensor"``, ``"tensordict"``, ``"tensorclass"`` or ``"pytree"``."""
+    if isinstance(data, torch.Tensor):
+        return "tensor"
+    if isinstance(data, TensorDictBase):
+        return "tensordict"
+    if is_tensorclass(data):
+        return "tensorclass"
+    if isinstance(data, (dict, list, tuple)):
+        return "pytree"
+    raise TypeError(
+        f"Storages hold tensors, TensorDicts, tensorclasses or pytrees (dicts/tuples/lists) of tensors; "
+        f"got {type(data).__name__}. Convert the data with torch.as_tensor or wrap it in a TensorDict."
+    )
+
+
+class DataCodec:
+    """Converts one kind of data to a TensorDict and back (see the module docstring).
+
+    Args:
+        kind (str): one of ``"tensor"``, ``"tensordict"``, ``"tensorclass"``, ``"pytree"``.
+        tensorclass (type, optional): the tensorclass to rebuild, for ``kind="tensorclass"``.
+        treespec (pytree.TreeSpec, optional): the structure to rebuild, for ``kind="pytree"``.
+        keys (list of tuples of str, optional): the pytree leaf keys, in ``treespec`` order.
+    """
+
+    def __init__(self, kind: str, *, tensorclass=None, treespec=None, keys=None):
+        if kind not in KINDS:
+            raise ValueError(f"`kind` must be one of {KINDS}, got {kind!r}.")
+        self.kind = kind
+        self.tensorclass = tensorclass
+        self.treespec = treespec
+        self.keys = keys
+
+    @classmethod
+    def for_data(cls, data) -> DataCodec:
+        kind = data_kind(data)
+        if kind == "tensorclass":
+            return cls(kind, tensorclass=type(data))
+        if kind == "pytree":
+            leaves, spec = pytree.tree_flatten_with_path(data)
+            for path, leaf in leaves:
+                if not isinstance(leaf, torch.Tensor):
+                    raise TypeError(
+                        f"Every leaf of a pytree written to a storage must be a tensor; the leaf at "
+                        f"{_path_to_key(path)} is a {type(leaf).__name__}. Convert it with torch.as_tensor."
+                    )
+            return cls(kind, treespec=pytree.tree_structure(data), keys=[_path_to_key(p) for p, _ in leaves])
+        return cls(kind)
+
+    def encode(self, data, batch_dims: int) -> TensorDictBase:
+        """A TensorDict view (no copy) of ``data`` whose batch size is its first ``batch_dims`` dims."""
+        kind = self.kind
+        if kind == "tensor":
+            if not isinstance(data, torch.Tensor):
+                raise TypeError(f"This storage holds tensors; got {type(data).__name__}.")
+            return TensorDict({TENSOR_KEY: data}, batch_size=data.shape[:batch_dims])
+        if kind == "tensordict":
+            if not isinstance(data, TensorDictBase):
+                raise TypeError(f"This storage holds TensorDicts; got {type(data).__name__}.")
+            return data
+        if kind == "tensorclass":
+            if not is_tensorclass(data):
+                raise TypeError(
+                    f"This storage holds {self.tensorclass.__name__} instances; got {type(data).__name__}."
+                )
+            return data._tensordict
+        leaves, spec = pytree.tree_flatten(data)
+        if spec != self.treespec:
+            raise ValueError(
+                f"The structure of the data written ({spec}) differs from the structure the storage holds "
+                f"({self.treespec}). Write data with the same keys and nesting."
+            )
+        batch = leaves[0].shape[:batch_dims] if leaves else torch.Size([])
+        return TensorDict(dict(zip(self.keys, leaves)), batch_size=batch)
+
+    def decode(self, td: TensorDictBase):
+        """Rebuilds the user's kind of data from a TensorDict laid out by :meth:`encode`."""
+        kind = self.kind
+        if kind == "tensor":
+            return td.get(TENSOR_KEY)
+        if kind == "tensordict":
+            return td
+        if kind == "tensorclass":
+            return self.tensorclass._from_tensordict(td)
+        return pytree.tree_unflatten([td.get(k) for k in self.keys], self.treespec)
+
+    # -- JSON description (checkpoints) -----------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.kind == "tensorclass":
+            out["tensorclass"] = f"{self.tensorclass.__module__}:{self.tensorclass.__qualname__}"
+        if self.kind == "pytree":
+            out["treespec"] = pytree.treespec_dumps(self.treespec)
+            out["keys"] = [list(k) for k in self.keys]
+        return out
+
+    @classmethod
+    def from_json(cls, desc: dict[str, Any]) -> DataCodec:
+        kind = desc.get("kind")
+        if kind not in KINDS:
+            raise ValueError(f"Unknown data kind {kind!r} in the metadata; expected one of {KINDS}.")
+        if kind == "tensorclass":
+            return cls(kind, tensorclass=_resolve_loaded_class(desc["tensorclass"]))
+        if kind == "pytree":
+            return cls(
+                kind,
+                treespec=pytree.treespec_loads(desc["treespec"]),
+                keys=[tuple(k) for k in desc["keys"]],
+            )
+        return cls(kind)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, DataCodec) and self.to_json() == other.to_json()
+
+    def __repr__(self) -> str:
+        return f"DataCodec({self.to_json()})"
+
+
+def _resolve_loaded_class(qualified: str):
+    """Finds a tensorclass by ``module:qualname`` among modules already imported (imports nothing)."""
+    module_name, _, qualname = qualified.partition(":")
+    obj = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None) if obj is not None else None
+    if obj is None or not is_tensorclass(obj):
+        raise ValueError(
+            f"The checkpoint holds instances of the tensorclass {qualified!r}, which is not defined in this "
+            f"process. Import the module that defines it before loading."
+        )
+    return obj

@@ -1,0 +1,176 @@
+"""The storage contract.
+
+A storage holds the data of a replay buffer and knows nothing of samplers, writers or buffers. It is
+indexed along its first dimension(s): a 1-D storage holds ``max_size`` items, an ``ndim=2`` storage holds a
+``[max_size // n, n]`` grid (time x environments) and counts every cell in ``len()`` and ``max_size``.
+
+Contract for subclasses:
+
+- ``set(cursor, data, *, set_cursor=True)`` writes one item (``cursor`` an int) or a batch (a 1-D index
+  tensor, a list or a range); it validates the whole write before touching stored data, so a bad write
+  raises and leaves the storage unchanged;
+- ``get(index)`` reads an int, a slice, a 1-D index (tensor/list/ndarray) or, for ``ndim > 1``, a tuple of
+  per-dimension index tensors; tensor storages read a batch with one vectorized gather;
+- ``__len__``, ``state_dict()``/``load_state_dict()``, ``_empty()``.
+
+Writers call :meth:`Storage.mark_update` after each write, which forwards the written index to every
+attached entity (the buffers that use the storage; they forward it to their sampler).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+class Storage(abc.ABC):
+    """Base class of replay-buffer storages.
+
+    Args:
+        max_size (int): the capacity, counted in items (cells for ``ndim > 1``).
+
+    Class attributes:
+        ndim (int): the number of leading dimensions that index items. Defaults to ``1``.
+        requires_shared_state (bool): ``True`` for a storage whose reads depend on per-process state (a
+            stream position), which a DataLoader worker copy would duplicate. Defaults to ``False``.
+    """
+
+    ndim: int = 1
+    requires_shared_state: bool = False
+    _rng: torch.Generator | None = None
+
+    def __init__(self, max_size: int):
+        self.max_size = _check_max_size(max_size)
+        self._attached_entities: list[Any] = []
+
+    # -- contract ------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def set(self, cursor, data, *, set_cursor: bool = True) -> None: ...
+
+    @abc.abstractmethod
+    def get(self, index): ...
+
+    @abc.abstractmethod
+    def __len__(self) -> int: ...
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+    @abc.abstractmethod
+    def _empty(self) -> None: ...
+
+    def contains(self, item) -> bool:
+        """Whether ``item`` (an int or an index tensor) designates filled slots."""
+        n = len(self)
+        if isinstance(item, int):
+            return -n <= item < n
+        item = torch.as_tensor(item)
+        return bool(((item >= -n) & (item < n)).all()) if item.numel() else True
+
+    # -- entities notified of writes --------------------------------------------------------------------------
+    def attach(self, buffer) -> None:
+        """Registers ``buffer`` to be told of every write through ``buffer.mark_update(index)``.
+
+        Attaching the same object twice is a no-op.
+        """
+        if not any(entity is buffer for entity in self._attached_entities):
+            self._attached_entities.append(buffer)
+
+    def mark_update(self, index) -> None:
+        """Tells every attached entity that ``index`` was written."""
+        for entity in self._attached_entities:
+            entity.mark_update(index)
+
+    # -- conveniences built on the contract -------------------------------------------------------------------
+    def __getitem__(self, index):
+        return self.get(index)
+
+    def __setitem__(self, index, value) -> None:
+        self.set(index, value, set_cursor=False)
+
+    def __iter__(self) -> Iterator:
+        for i in range(len(self)):
+            yield self.get(i)
+
+    def __contains__(self, item) -> bool:
+        return self.contains(item)
+
+    @property
+    def shape(self) -> torch.Size:
+        """The shape of the item grid: ``[max_size]`` for 1-D storages."""
+        if self.ndim > 1:
+            raise RuntimeError(
+                f"{type(self).__name__} with ndim={self.ndim} has no shape before it is initialized."
+            )
+        return torch.Size([self.max_size])
+
+    def _max_size_along_dim0(self, *, single_data=None, batched_data=None) -> int:
+        """The number of rows the ring buffer cycles over (``max_size`` for 1-D storages)."""
+        return self.max_size
+
+    @property
+    def _is_full(self) -> bool:
+        return len(self) >= self.max_size
+
+    def _rows_written(self) -> int:
+        """How many rows along the first dimension hold data (``len(self)`` for 1-D storages)."""
+        return len(self)
+
+    def flatten(self) -> Storage:
+        """Returns a 1-D storage over the same items (``self`` for 1-D storages)."""
+        return self
+
+    def as_dataset(self, *, share_memory: bool = True):
+        """A map-style :class:`torch.utils.data.Dataset` view of this storage.
+
+        See :class:`~torchrl.data.StorageDataset`.
+        """
+        from torchrl.data.replay_buffers.dataloader import StorageDataset
+
+        return StorageDataset(self, share_memory=share_memory)
+
+    # -- persistence ------------------------------------------------------------------------------------------
+    def dumps(self, path) -> None:
+        """Saves the storage to the directory ``path`` (see :mod:`torchrl.data.replay_buffers.checkpointers`)."""
+        from torchrl.data.replay_buffers.checkpointers import dump_component
+
+        dump_component(self, path)
+
+    def loads(self, path) -> None:
+        """Loads a storage saved by :meth:`dumps` into this one."""
+        from torchrl.data.replay_buffers.checkpointers import load_component
+
+        load_component(self, path)
+
+    dump = dumps
+    save = dumps
+    load = loads
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_attached_entities"] = []
+        state.pop("_rng", None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(max_size={self.max_size}, len={len(self)})"
+
+
+def _check_max_size(max_size) -> int:
+    if isinstance(max_size, bool) or not isinstance(max_size, (int, torch.SymInt)) and not (
+        isinstance(max_size, torch.Tensor) and max_size.numel() == 1
+    ):
+        raise TypeError(f"`max_size` must be a positive int, got {max_size!r} ({type(max_size).__name__}).")
+    max_size = int(max_size)
+    if max_size <= 0:
+        raise ValueError(f"`max_size` must be a positive int, got {max_size}.")
+    return max_size

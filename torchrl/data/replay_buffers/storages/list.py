@@ -1,0 +1,143 @@
+"""A storage backed by a Python list: :class:`ListStorage`.
+
+Items are kept as written (tensors, TensorDicts, tensorclasses, pytrees, or any object), so items of
+different shapes can live side by side. Reads of an index batch return a Python list; the buffer's default
+collate stacks it. The list is process-local: a forked DataLoader worker sees a snapshot, and sending the
+storage to a spawned process is refused with an error that says what to use instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from tensordict import TensorDictBase, is_tensorclass
+
+from torchrl.data.replay_buffers._shared import is_spawning
+from torchrl.data.replay_buffers.storages._index import as_index_tensor, check_bounds, check_int, is_int
+from torchrl.data.replay_buffers.storages.base import Storage
+
+_UNBOUNDED = torch.iinfo(torch.int64).max
+
+
+def _split_batch(data, n: int) -> list:
+    """The ``n`` items of a batch (tensor, TensorDict, tensorclass, list or pytree of batched tensors)."""
+    if isinstance(data, (list, range)):
+        items = list(data)
+    elif isinstance(data, (torch.Tensor, TensorDictBase)) or is_tensorclass(data):
+        items = list(data.unbind(0))
+    elif isinstance(data, (dict, tuple)):
+        items = [pytree.tree_map(lambda t, i=i: t[i], data) for i in range(n)]
+    else:
+        raise TypeError(
+            f"Cannot split {type(data).__name__} into items: extend a ListStorage with a list, a tensor, a "
+            f"TensorDict, a tensorclass or a pytree of batched tensors."
+        )
+    if len(items) != n:
+        raise ValueError(f"{n} positions were given for a batch of {len(items)} items.")
+    return items
+
+
+class ListStorage(Storage):
+    """A storage that keeps items in a Python list.
+
+    Args:
+        max_size (int, optional): the capacity. ``None`` means unbounded. Defaults to ``None``.
+
+    Keyword Args:
+        device (torch.device or str, optional): if given, tensors are moved there when written.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data import ListStorage
+        >>> storage = ListStorage(10)
+        >>> storage.set(0, torch.zeros(3))
+        >>> storage.set([1, 2], [torch.ones(2), "any object"])
+        >>> len(storage), storage.get(2)
+        (3, 'any object')
+    """
+
+    def __init__(self, max_size: int | None = None, *, device=None):
+        super().__init__(_UNBOUNDED if max_size is None else max_size)
+        self.device = None if device is None else torch.device(device)
+        self._storage: list[Any] = []
+
+    def _to_device(self, item):
+        if self.device is None:
+            return item
+        return pytree.tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, item) if not (
+            isinstance(item, TensorDictBase) or is_tensorclass(item)
+        ) else item.to(self.device)
+
+    def set(self, cursor, data, *, set_cursor: bool = True) -> None:
+        """Writes one item at an int ``cursor`` (at most ``len(self)``), or a batch at a list of positions."""
+        if is_int(cursor):
+            self._set_one(int(cursor), self._to_device(data), len(self._storage))
+            return
+        if isinstance(cursor, slice):
+            cursor = range(*cursor.indices(len(self._storage)))
+        positions = as_index_tensor(cursor).tolist()
+        items = _split_batch(data, len(positions))
+        size = len(self._storage)
+        for pos in positions:  # validate everything before the first write
+            if pos < 0 or pos > size or pos >= self.max_size:
+                raise IndexError(
+                    f"Cannot write at position {pos} of a ListStorage holding {size} items (capacity "
+                    f"{self.max_size}): positions must be existing items or the next free one."
+                )
+            size = max(size, pos + 1)
+        for pos, item in zip(positions, items):
+            self._set_one(pos, self._to_device(item), len(self._storage))
+
+    def _set_one(self, pos: int, item, size: int) -> None:
+        if pos < 0 or pos > size or pos >= self.max_size:
+            raise IndexError(
+                f"Cannot write at position {pos} of a ListStorage holding {size} items (capacity "
+                f"{self.max_size}): positions must be existing items or the next free one."
+            )
+        if pos == size:
+            self._storage.append(item)
+        else:
+            self._storage[pos] = item
+
+    def get(self, index):
+        """One item for an int, a list of items for a slice or an index."""
+        n = len(self._storage)
+        if isinstance(index, tuple):
+            if len(index) != 1:
+                raise IndexError(f"A ListStorage is indexed along one dimension; got a tuple of {len(index)}.")
+            index = index[0]
+        if is_int(index):
+            return self._storage[check_int(index, n)]
+        if isinstance(index, slice):
+            return self._storage[index]
+        index = check_bounds(as_index_tensor(index), n)
+        return [self._storage[i] for i in index.tolist()]
+
+    def __len__(self) -> int:
+        return len(self._storage)
+
+    def _empty(self) -> None:
+        self._storage = []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"_storage": list(self._storage)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        items = state_dict["_storage"]
+        if not isinstance(items, list):
+            raise TypeError(f"`state_dict['_storage']` must be a list, got {type(items).__name__}.")
+        self._storage = [
+            item.clone() if isinstance(item, (torch.Tensor, TensorDictBase)) or is_tensorclass(item) else item
+            for item in items
+        ]
+
+    def __getstate__(self):
+        if is_spawning():
+            raise RuntimeError(
+                "A ListStorage lives in one process's memory and cannot be shared with a spawned process. "
+                "Use LazyTensorStorage or LazyMemmapStorage (shared with workers), or use the 'fork' start "
+                "method (workers then see a snapshot), or num_workers=0."
+            )
+        return super().__getstate__()

@@ -1,0 +1,103 @@
+"""A storage whose tensors are memory-mapped files: :class:`LazyMemmapStorage`.
+
+Files use tensordict's memmap layout (``meta.json`` per level, one ``<key>.memmap`` per leaf) in
+``scratch_dir``, or in a temporary directory that this storage creates and removes when it is garbage
+collected or the process exits. Copies of the storage (pickle, DataLoader workers under fork, spawn or
+forkserver) re-open the same files: content is never copied, and a copy never removes the directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+import torch
+from tensordict import TensorDictBase
+
+from torchrl.data.replay_buffers.storages.tensor import LazyTensorStorage
+
+
+def _remove_dir(path: str, owner_pid: int) -> None:
+    if os.getpid() == owner_pid:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class LazyMemmapStorage(LazyTensorStorage):
+    """A lazily allocated storage of memory-mapped tensors, for buffers larger than RAM.
+
+    Args:
+        max_size (int): the capacity in items (cells for ``ndim > 1``).
+
+    Keyword Args:
+        scratch_dir (str or path-like, optional): the directory of the memory-mapped files. ``None`` creates
+            a temporary directory, removed when the storage that created it is garbage collected or the
+            process exits. Defaults to ``None``.
+        device (torch.device or str): must be ``"cpu"`` (memory maps live in host memory); move batches to
+            an accelerator after sampling. Defaults to ``"cpu"``.
+        ndim (int): how many leading dims index items. Defaults to ``1``.
+        existsok (bool): whether files already present in ``scratch_dir`` may be overwritten at allocation.
+            Defaults to ``False`` (a clear error instead).
+
+    .. note:: Pickling this storage (``pickle``, ``torch.save``, DataLoader workers) sends the path of its
+        files, never their bytes. A copy in another process never removes the original's directory.
+
+    Examples:
+        >>> import tempfile, torch
+        >>> from torchrl.data import LazyMemmapStorage
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     storage = LazyMemmapStorage(1000, scratch_dir=d)
+        ...     storage.set(torch.arange(2), torch.ones(2, 3))
+        ...     print(storage.get(torch.tensor([1])).shape)
+        torch.Size([1, 3])
+    """
+
+    def __init__(self, max_size: int, *, scratch_dir=None, device="cpu", ndim: int = 1, existsok: bool = False):
+        if device == "auto":
+            device = "cpu"
+        if torch.device(device).type != "cpu":
+            raise ValueError(
+                f"LazyMemmapStorage keeps data in memory-mapped files on the host: `device` must be 'cpu', got "
+                f"{device!r}. Use LazyTensorStorage(device={str(device)!r}) for data on that device, or move "
+                f"sampled batches with `.to(device)` (e.g. in a transform)."
+            )
+        super().__init__(max_size, device="cpu", ndim=ndim)
+        self.scratch_dir = None if scratch_dir is None else str(Path(scratch_dir).absolute())
+        self.existsok = bool(existsok)
+        self._memmap_dir: str | None = None
+        self._owns_dir = False
+
+    def _allocate(self, item: TensorDictBase, rows: int) -> TensorDictBase:
+        if self.scratch_dir is None:
+            path = tempfile.mkdtemp(prefix="torchrl-memmap-")
+            weakref.finalize(self, _remove_dir, path, os.getpid())
+            self._owns_dir = True
+        else:
+            path = self.scratch_dir
+            if not self.existsok and Path(path).exists() and any(Path(path).iterdir()):
+                raise FileExistsError(
+                    f"`scratch_dir` {path!r} already holds files and `existsok=False`. Pass existsok=True to "
+                    f"overwrite them, or choose an empty directory."
+                )
+        self._memmap_dir = path
+        template = item.expand(rows, *item.batch_size)
+        return template.memmap_like(prefix=path, existsok=True)
+
+    @property
+    def memmap_dir(self) -> str | None:
+        """The directory holding the memory-mapped files (``None`` before the first write)."""
+        return self._memmap_dir
+
+    def share_memory_(self) -> LazyMemmapStorage:
+        """No-op: memory-mapped files are already shared between processes."""
+        return self
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_owns_dir"] = False
+        return state
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f", scratch_dir={self._memmap_dir!r})"
