@@ -1,5 +1,7 @@
 """Replay buffers: storages, samplers, writers and the buffers that combine them."""
 
+from torchrl.data.replay_buffers._collate import tensordict_collate
+from torchrl.data.replay_buffers.replay_buffers import ReplayBuffer, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler, SamplerWithoutReplacement
 from torchrl.data.replay_buffers.storages import (
     LazyMemmapStorage,
@@ -8,8 +10,16 @@ from torchrl.data.replay_buffers.storages import (
     Storage,
     TensorStorage,
 )
+from torchrl.data.replay_buffers.writers import (
+    ImmutableDatasetWriter,
+    RoundRobinWriter,
+    TensorDictRoundRobinWriter,
+    Writer,
+)
 
 __all__ = [
+    "ReplayBuffer",
+    "TensorDictReplayBuffer",
     "Storage",
     "ListStorage",
     "TensorStorage",
@@ -18,4 +28,9 @@ __all__ = [
     "Sampler",
     "RandomSampler",
     "SamplerWithoutReplacement",
+    "Writer",
+    "RoundRobinWriter",
+    "TensorDictRoundRobinWriter",
+    "ImmutableDatasetWriter",
+    "tensordict_collate",
 ]

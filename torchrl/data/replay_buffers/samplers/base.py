@@ -63,7 +63,7 @@ class Sampler(abc.ABC):
         return False
 
     @ran_out.setter
-    def ran_out(self, value: bool) -> None:  # noqa: B027 - stateless samplers ignore it
+    def ran_out(self, value: bool) -> None:
         pass
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,9 @@
+"""Replay buffers: storage + writer + sampler + transforms behind one object."""
+
+from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
+from torchrl.data.replay_buffers.replay_buffers.tensordict import TensorDictReplayBuffer
+
+__all__ = ["ReplayBuffer", "TensorDictReplayBuffer"]
+
+for _cls in (ReplayBuffer, TensorDictReplayBuffer):
+    _cls.__module__ = __name__

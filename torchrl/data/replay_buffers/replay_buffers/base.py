@@ -1,0 +1,426 @@
+"""The replay buffer: a storage, a writer, a sampler and transforms behind one object.
+
+Write path: ``extend(data)`` -> inverse transforms -> ``writer.extend`` (which calls ``storage.set`` and then
+``storage.mark_update`` -> ``self.mark_update`` -> ``sampler.mark_update``) -> ``sampler.extend(index)``.
+Sample path: ``sample(batch_size)`` -> ``sampler.sample(storage, batch_size)`` -> ``storage.get(index)`` (one
+gather) -> ``collate_fn`` -> forward transforms. Sampling and writing hold one re-entrant lock around the
+storage, so a thread can extend while another samples (``prefetch=k`` samples ahead in a thread pool).
+
+Pickling (``pickle``, ``torch.save``, DataLoader workers) drops the locks, the thread pool and the prefetch
+queue and rebuilds them empty; the generator state travels as ``bytes``.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from torchrl.data.replay_buffers._collate import tensordict_collate
+from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
+from torchrl.data.replay_buffers.storages import ListStorage, Storage, TensorStorage
+from torchrl.data.replay_buffers.writers import RoundRobinWriter, Writer
+from torchrl.envs.transforms.transforms import Compose, _InvertTransform, as_transform
+
+
+def _identity(x):
+    return x
+
+
+def _check_positive_int(name: str, value, allow_none: bool = True):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive int{' or None' if allow_none else ''}, got {value!r}.")
+    return value
+
+
+def _check_component(name: str, value, cls: type):
+    if not isinstance(value, cls):
+        raise TypeError(f"`{name}` must be a {cls.__name__} instance, got {type(value).__name__}.")
+    return value
+
+
+def _generator_to_state(generator: torch.Generator | None):
+    if generator is None:
+        return None
+    return {"state": generator.get_state().numpy().tobytes(), "device": str(generator.device)}
+
+
+def _generator_from_state(state) -> torch.Generator | None:
+    if state is None:
+        return None
+    generator = torch.Generator(device=state["device"])
+    generator.set_state(torch.frombuffer(bytearray(state["state"]), dtype=torch.uint8))
+    return generator
+
+
+class ReplayBuffer:
+    """A replay buffer: writes go through a writer into a storage; samples are drawn by a sampler.
+
+    Keyword Args:
+        storage (Storage, optional): where the data lives. Defaults to ``ListStorage(1000)``.
+        sampler (Sampler, optional): how batches are drawn. Defaults to :class:`RandomSampler`.
+        writer (Writer, optional): where new data goes. Defaults to :class:`RoundRobinWriter`.
+        collate_fn (callable, optional): turns what ``storage.get`` returns into a batch. Defaults to the
+            identity for tensor storages and :func:`~torchrl.data.tensordict_collate` (stacking) for others.
+        pin_memory (bool): pin sampled batches (only when CUDA is available). Defaults to ``False``.
+        prefetch (int, optional): how many batches to sample ahead in a thread pool. Needs ``batch_size``.
+            Defaults to ``None`` (no prefetch).
+        transform (Transform or callable, optional): applied to each sampled batch (``forward``) and, inverted,
+            to written data (``inv``). Defaults to an empty :class:`~torchrl.envs.transforms.Compose`.
+        batch_size (int, optional): the default batch size of :meth:`sample`. Defaults to ``None``.
+        dim_extend (int, optional): the dim of the data written by :meth:`extend` that indexes items.
+            Defaults to ``storage.ndim - 1``.
+        generator (torch.Generator, optional): the generator of every random draw. Defaults to ``None``
+            (torch's global generator).
+        shared (bool): whether the buffer is written from several processes (moves tensor storages to shared
+            memory and uses a process lock for writes). Defaults to ``False``.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(100), batch_size=4)
+        >>> rb.extend(torch.arange(10))
+        tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 9])
+        >>> rb.sample().shape, len(rb)
+        (torch.Size([4]), 10)
+    """
+
+    def __init__(
+        self,
+        *,
+        storage: Storage | None = None,
+        sampler: Sampler | None = None,
+        writer: Writer | None = None,
+        collate_fn=None,
+        pin_memory: bool = False,
+        prefetch: int | None = None,
+        transform=None,
+        batch_size: int | None = None,
+        dim_extend: int | None = None,
+        generator: torch.Generator | None = None,
+        shared: bool = False,
+    ) -> None:
+        self._batch_size = _check_positive_int("batch_size", batch_size)
+        if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0):
+            raise ValueError(f"`prefetch` must be a non-negative int or None, got {prefetch!r}.")
+        if prefetch and self._batch_size is None:
+            raise ValueError("`prefetch` samples ahead with the buffer's `batch_size`: pass batch_size too.")
+        if prefetch and shared:
+            raise ValueError("A shared buffer cannot prefetch: pass prefetch=None or shared=False.")
+        if dim_extend is not None and (not isinstance(dim_extend, int) or dim_extend < 0):
+            raise ValueError(f"`dim_extend` must be a non-negative int or None, got {dim_extend!r}.")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"`generator` must be a torch.Generator or None, got {type(generator).__name__}.")
+        self._storage = _check_component("storage", storage if storage is not None else ListStorage(1000), Storage)
+        self._sampler = _check_component("sampler", sampler if sampler is not None else RandomSampler(), Sampler)
+        self._writer = _check_component("writer", writer if writer is not None else self._default_writer(), Writer)
+        self._storage.attach(self)
+        self._writer.register_storage(self._storage)
+        self._collate_fn = collate_fn if collate_fn is not None else self._default_collate()
+        self._transform = self._as_compose(transform)
+        self._pin_memory = bool(pin_memory)
+        self._prefetch = int(prefetch or 0)
+        self._dim_extend = self._storage.ndim - 1 if dim_extend is None else dim_extend
+        self._shared = bool(shared)
+        self._rng: torch.Generator | None = None
+        self._make_runtime_state()
+        if shared:
+            self.share(True)
+        self.set_rng(generator)
+
+    # -- construction helpers -----------------------------------------------------------------------------------
+    @staticmethod
+    def _default_writer() -> Writer:
+        return RoundRobinWriter()
+
+    def _default_collate(self):
+        return _identity if isinstance(self._storage, TensorStorage) else tensordict_collate
+
+    @staticmethod
+    def _as_compose(transform) -> Compose:
+        if transform is None:
+            return Compose()
+        if isinstance(transform, Compose):
+            return transform
+        return Compose(as_transform(transform))
+
+    def _make_runtime_state(self) -> None:
+        """Locks, thread pool and prefetch queue: never pickled, rebuilt empty in every copy."""
+        self._replay_lock = threading.RLock()
+        self._futures_lock = threading.RLock()
+        self._prefetch_queue: collections.deque = collections.deque()
+        self._prefetch_executor = ThreadPoolExecutor(max_workers=self._prefetch) if self._prefetch else None
+
+    def share(self, shared: bool = True) -> ReplayBuffer:
+        """Prepares the buffer to be written from several processes (tensor storages move to shared memory)."""
+        self._shared = bool(shared)
+        if shared and hasattr(self._storage, "share_memory_"):
+            self._storage.share_memory_()
+        return self
+
+    # -- properties ---------------------------------------------------------------------------------------------
+    @property
+    def storage(self) -> Storage:
+        return self._storage
+
+    @property
+    def sampler(self) -> Sampler:
+        return self._sampler
+
+    @property
+    def writer(self) -> Writer:
+        return self._writer
+
+    @property
+    def transform(self) -> Compose:
+        return self._transform
+
+    @property
+    def batch_size(self) -> int | None:
+        return self._batch_size
+
+    @property
+    def dim_extend(self) -> int:
+        return self._dim_extend
+
+    @property
+    def write_count(self) -> int:
+        return getattr(self._writer, "write_count", 0)
+
+    def set_rng(self, generator: torch.Generator | None) -> None:
+        """Routes every random draw (sampler, storage, writer) through ``generator``."""
+        self._rng = generator
+        for component in (self._storage, self._sampler, self._writer):
+            component._rng = generator
+
+    def __len__(self) -> int:
+        return len(self._storage)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(storage={self._storage!r}, sampler={self._sampler!r}, "
+            f"writer={self._writer!r}, batch_size={self._batch_size}, transform={self._transform!r})"
+        )
+
+    # -- writes -------------------------------------------------------------------------------------------------
+    def add(self, data) -> Any:
+        """Writes one item and returns its index."""
+        if len(self._transform):
+            data = self._inv_transform_item(data)
+            if data is None:
+                return torch.zeros((0, self._storage.ndim), dtype=torch.long)
+        with self._replay_lock:
+            index = self._writer.add(data)
+            self._sampler.add(index)
+        return index
+
+    def _inv_transform_item(self, data):
+        if isinstance(data, TensorDictBase):
+            out = self._transform.inv(data.unsqueeze(0))
+            return None if out is None else out.squeeze(0)
+        return self._transform.inv(data)
+
+    def extend(self, data) -> torch.Tensor:
+        """Writes a batch (first dim = items, or ``dim_extend``) and returns the written indices."""
+        if len(self._transform):
+            data = self._transform.inv(data)
+            if data is None:
+                return torch.zeros((0,), dtype=torch.long)
+        if self._dim_extend > 0:
+            data = _move_dim_to_front(data, self._dim_extend)
+        with self._replay_lock:
+            index = self._writer.extend(data)
+            self._sampler.extend(index)
+        return index
+
+    def mark_update(self, index) -> None:
+        """Called by the writer after a write; forwards ``index`` to the sampler."""
+        self._sampler.mark_update(index, storage=self._storage)
+
+    def update_priority(self, index, priority) -> None:
+        """Sets the priority of the items at ``index`` (prioritized samplers only)."""
+        if isinstance(index, tuple):
+            index = torch.stack([torch.as_tensor(i) for i in index], -1)
+        with self._replay_lock:
+            self._sampler.update_priority(index, priority, storage=self._storage)
+
+    def empty(self, empty_write_count: bool = True) -> None:
+        """Removes every item; the sampler and writer start over."""
+        with self._futures_lock:
+            self._prefetch_queue.clear()
+        with self._replay_lock:
+            self._writer._empty(empty_write_count=empty_write_count)
+            self._sampler._empty()
+            self._storage._empty()
+
+    # -- reads --------------------------------------------------------------------------------------------------
+    def _resolve_batch_size(self, batch_size) -> int:
+        if batch_size is None:
+            if self._batch_size is None:
+                raise RuntimeError(
+                    "No batch size: pass `batch_size` to sample() or to the buffer's constructor "
+                    "(ReplayBuffer(..., batch_size=N))."
+                )
+            return self._batch_size
+        return _check_positive_int("batch_size", batch_size, allow_none=False)
+
+    def sample(self, batch_size: int | None = None, return_info: bool = False):
+        """Draws a batch; with ``return_info=True`` returns ``(batch, info)`` where ``info["index"]`` holds
+        the sampled positions (and prioritized/slice samplers add their entries)."""
+        bs = self._resolve_batch_size(batch_size)
+        if self._prefetch and bs == self._batch_size:
+            data, info = self._sample_prefetched(bs)
+        else:
+            data, info = self._sample(bs)
+        return (data, info) if return_info else data
+
+    def _sample_prefetched(self, bs: int):
+        with self._futures_lock:
+            queue = self._prefetch_queue
+            result = queue.popleft().result() if queue else self._sample(bs)
+            while len(queue) < self._prefetch and not self._sampler.ran_out:
+                queue.append(self._prefetch_executor.submit(self._sample, bs))
+        return result
+
+    def _sample(self, batch_size: int):
+        with self._replay_lock:
+            index, info = self._sampler.sample(self._storage, batch_size)
+            info["index"] = index
+            data = self._storage.get(index)
+        if not isinstance(index, int):
+            data = self._collate_fn(data)
+        if len(self._transform):
+            data = self._transform(data)
+        if self._pin_memory and torch.cuda.is_available() and hasattr(data, "pin_memory"):
+            data = data.pin_memory()
+        return data, info
+
+    def __iter__(self):
+        """Yields batches of ``batch_size`` until the sampler runs out (endless for samplers that never do)."""
+        if self._batch_size is None:
+            raise RuntimeError(
+                "Iterating a buffer needs its batch size: build it with ReplayBuffer(..., batch_size=N)."
+            )
+        self._sampler.ran_out = False
+        while True:
+            yield self.sample()
+            if self._sampler.ran_out:
+                return
+
+    def __getitem__(self, index):
+        if isinstance(index, str) or (isinstance(index, tuple) and index and isinstance(index[0], str)):
+            return self[:][index]
+        with self._replay_lock:
+            data = self._storage[index]
+        if not isinstance(index, int):
+            data = self._collate_fn(data)
+        if len(self._transform):
+            data = self._transform(data)
+        return data
+
+    def __setitem__(self, index, value) -> None:
+        if len(self._transform):
+            value = self._transform.inv(value)
+        with self._replay_lock:
+            self._storage[index] = value
+
+    # -- transforms ---------------------------------------------------------------------------------------------
+    def append_transform(self, transform, *, invert: bool = False) -> ReplayBuffer:
+        """Adds a transform at the end of the sample path (``invert=True``: run ``inv`` on samples)."""
+        transform = as_transform(transform)
+        self._transform.append(_InvertTransform(transform) if invert else transform)
+        return self
+
+    def insert_transform(self, index: int, transform, *, invert: bool = False) -> ReplayBuffer:
+        """Inserts a transform at position ``index`` of the sample path."""
+        transform = as_transform(transform)
+        self._transform.insert(index, _InvertTransform(transform) if invert else transform)
+        return self
+
+    # -- state --------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        rng = self._rng
+        return {
+            "_storage": self._storage.state_dict(),
+            "_sampler": self._sampler.state_dict(),
+            "_writer": self._writer.state_dict(),
+            "_transforms": self._transform.state_dict(),
+            "_batch_size": self._batch_size,
+            "_rng": None if rng is None else {"state": rng.get_state().clone(), "device": str(rng.device)},
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        with self._futures_lock:
+            self._prefetch_queue.clear()
+        with self._replay_lock:
+            self._storage.load_state_dict(state_dict["_storage"])
+            self._sampler.load_state_dict(state_dict["_sampler"])
+            self._writer.load_state_dict(state_dict["_writer"])
+            self._transform.load_state_dict(state_dict["_transforms"])
+            self._batch_size = state_dict.get("_batch_size", self._batch_size)
+            rng = state_dict.get("_rng")
+            if rng is not None:
+                generator = torch.Generator(device=rng["device"])
+                generator.set_state(rng["state"])
+                self.set_rng(generator)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        for name in ("_replay_lock", "_futures_lock", "_prefetch_queue", "_prefetch_executor"):
+            state.pop(name, None)
+        state["_rng"] = _generator_to_state(self._rng)
+        return state
+
+    def __setstate__(self, state):
+        rng = _generator_from_state(state.pop("_rng", None))
+        self.__dict__.update(state)
+        self._make_runtime_state()
+        self._storage.attach(self)
+        self._writer.register_storage(self._storage)
+        self.set_rng(rng)
+
+    # -- persistence and adapters -------------------------------------------------------------------------------
+    def dumps(self, path) -> None:
+        """Saves the buffer (storage, writer, sampler, transforms, generator) to the directory ``path``.
+
+        See :mod:`torchrl.data.replay_buffers.checkpointers` for the format.
+        """
+        from torchrl.data.replay_buffers.checkpointers import dump_component
+
+        with self._futures_lock, self._replay_lock:
+            dump_component(self, path)
+
+    def loads(self, path) -> None:
+        """Loads a buffer saved by :meth:`dumps` into this one (built with the same configuration)."""
+        from torchrl.data.replay_buffers.checkpointers import load_component
+
+        with self._futures_lock, self._replay_lock:
+            self._prefetch_queue.clear()
+            load_component(self, path)
+
+    dump = dumps
+    save = dumps
+    load = loads
+
+    def as_dataset(self, *, num_batches: int | None = None):
+        """An iterable :class:`torch.utils.data.IterableDataset` of sampled batches, for DataLoader workers.
+
+        See :class:`~torchrl.data.ReplayBufferDataset`.
+        """
+        from torchrl.data.replay_buffers.dataloader import ReplayBufferDataset
+
+        return ReplayBufferDataset(self, num_batches=num_batches)
+
+
+def _move_dim_to_front(data, dim: int):
+    if isinstance(data, (torch.Tensor, TensorDictBase)) or hasattr(data, "transpose"):
+        return data.transpose(0, dim)
+    import torch.utils._pytree as pytree
+
+    return pytree.tree_map(lambda t: t.transpose(0, dim), data)

@@ -1,0 +1,217 @@
+"""Trajectory boundaries in a replay-buffer storage, found with vectorized tensor ops.
+
+Data model. A storage is a ring buffer of ``n`` filled rows (time). A 1-D storage is one stream; an
+``ndim=2`` storage (``[time, envs]``) holds one stream per env column. When the storage is full, the row just
+written (``storage._counters["last_row"]``) holds the newest step and the next row holds the oldest one, so
+time runs ``last_row + 1, ..., n - 1, 0, ..., last_row``. We call the position of a row in that order its
+*unrolled* position ``u = (row - offset) % n`` with ``offset = last_row + 1`` (``0`` when the storage is not
+full). Streams are laid end to end: the *flat* position of step ``u`` of env ``e`` is ``p = e * n + u``.
+
+In flat positions, every trajectory is one contiguous run ``[start, start + length)``. A run ends:
+
+- at a step flagged done (end-key mode) or whose trajectory id differs from the next step's (id mode);
+- at the newest row of each stream (the write position), so no run goes from the newest data to the oldest;
+- at the last row of each stream, so no run crosses from one env column to the next.
+
+Only the flags are scanned (one ``nonzero``); everything after works on the (much smaller) list of ends, so
+finding boundaries in a 1M-row storage costs a few milliseconds and no Python loop over items.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDictBase, is_tensorclass
+
+from torchrl.data.replay_buffers.storages.list import ListStorage
+from torchrl.data.replay_buffers.storages.tensor import TensorStorage
+
+
+@dataclass
+class TrajectoryIndex:
+    """Trajectories of a storage in flat positions (see the module docstring).
+
+    Attributes:
+        starts (Tensor): int64 ``[T]``, flat position of the first step of each trajectory, increasing.
+        lengths (Tensor): int64 ``[T]``, number of steps of each trajectory.
+        n_rows (int): filled rows (time steps per stream).
+        n_cols (int): streams (env columns; ``1`` for 1-D storages).
+        offset (int): row of unrolled position ``0`` (the oldest row).
+        ndim (int): the storage's ``ndim`` (1 or 2), which sets the form of the index returned.
+    """
+
+    starts: torch.Tensor
+    lengths: torch.Tensor
+    n_rows: int
+    n_cols: int
+    offset: int
+    ndim: int
+
+    def storage_rows(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Maps flat positions to ``(row, column)`` of the storage (``column`` is ``None`` for 1-D)."""
+        n = self.n_rows
+        if self.n_cols == 1:
+            unrolled, col = flat, None
+        else:
+            col = torch.div(flat, n, rounding_mode="floor")
+            unrolled = flat - col * n
+        row = unrolled if self.offset == 0 else (unrolled + self.offset).remainder_(n)
+        return row, col
+
+    def storage_index(self, flat: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """The per-dim index tuple for ``storage.get`` and the cell positions in row-major order."""
+        row, col = self.storage_rows(flat)
+        if col is None:
+            return (row,), row
+        cell = row * self.n_cols + col
+        return (row, col), cell
+
+
+# -- reading a column -------------------------------------------------------------------------------------------
+def _get_nested(item, key):
+    if isinstance(item, TensorDictBase) or is_tensorclass(item):
+        return item.get(key)
+    for part in (key,) if isinstance(key, str) else key:
+        item = item[part]
+    return item
+
+
+def has_key(storage, key) -> bool:
+    """Whether the items of ``storage`` hold an entry ``key`` (a str or a tuple of str)."""
+    if isinstance(storage, TensorStorage):
+        backing = storage._storage
+        if backing is None or storage._codec.kind == "tensor":
+            return False
+        return backing.get(key, None) is not None
+    if isinstance(storage, ListStorage):
+        items = storage._storage
+        if not items:
+            return False
+        try:
+            _get_nested(items[0], key)
+        except (KeyError, TypeError, IndexError, AttributeError):
+            return False
+        return True
+    data = storage.get(slice(None))
+    return isinstance(data, TensorDictBase) and data.get(key, None) is not None
+
+
+def read_column(storage, key, n_rows: int) -> torch.Tensor:
+    """The values of entry ``key`` over the filled rows of ``storage`` (``[n_rows, *cols, *feature]``).
+
+    Tensor storages return a view of the backing (no copy); a :class:`ListStorage` stacks the items' values.
+    """
+    if isinstance(storage, TensorStorage):
+        return storage._storage.get(key)[:n_rows]
+    if isinstance(storage, ListStorage):
+        return torch.stack([torch.as_tensor(_get_nested(item, key)) for item in storage._storage[:n_rows]])
+    data = storage.get(slice(None))
+    if not isinstance(data, TensorDictBase):
+        raise RuntimeError(
+            f"Cannot read the entry {key!r} from a {type(storage).__name__} whose items are "
+            f"{type(data).__name__}: store TensorDicts, or pass `ends=`/`trajectories=` (with cache_values=True)."
+        )
+    return data.get(key)[:n_rows]
+
+
+def as_step_values(column: torch.Tensor, n_rows: int, n_cols: int, *, name: str, reduce_any: bool):
+    """Reshapes a column to ``[n_rows, n_cols]``: one value per step.
+
+    Trailing feature dims of size 1 are dropped (a view); larger ones are reduced with ``any`` for flags, and
+    refused for trajectory ids.
+    """
+    column = torch.as_tensor(column)
+    lead = n_rows * n_cols
+    if column.numel() == lead:
+        return column.reshape(n_rows, n_cols)
+    if column.ndim == 0 or column.shape[0] != n_rows or column.numel() % lead:
+        raise ValueError(
+            f"The {name} has shape {list(column.shape)}, which does not give one value per step of the "
+            f"{n_rows} x {n_cols} stored steps. Pass one value per stored step."
+        )
+    if not reduce_any:
+        raise ValueError(
+            f"The {name} has shape {list(column.shape)}: trajectory ids must be one scalar per step "
+            f"(shape [{n_rows}] or [{n_rows}, 1]{'' if n_cols == 1 else f' per env ({n_cols})'})."
+        )
+    return column.reshape(n_rows, n_cols, -1).any(-1)
+
+
+# -- boundaries --------------------------------------------------------------------------------------------------
+def ring_layout(storage) -> tuple[int, int, int, int]:
+    """``(n_rows, n_cols, offset, last_row)`` of a storage's filled part (see the module docstring)."""
+    n_rows = storage._rows_written()
+    n_cols = 1
+    if storage.ndim > 1:
+        if storage.ndim > 2:
+            raise ValueError(
+                f"Slice samplers handle storages with ndim=1 or ndim=2 ([time, envs]); got ndim={storage.ndim}. "
+                f"Flatten the env dims into one before storing."
+            )
+        n_cols = int(storage.shape[1])
+    counters = getattr(storage, "_counters", None)
+    last_row = counters["last_row"] if counters is not None else n_rows - 1
+    if not 0 <= last_row < n_rows:
+        last_row = n_rows - 1
+    full = storage._is_full
+    offset = (last_row + 1) % n_rows if full and n_rows else 0
+    return n_rows, n_cols, offset, last_row
+
+
+def find_trajectories(
+    values: torch.Tensor, *, is_done: bool, n_rows: int, n_cols: int, offset: int, last_row: int, ndim: int
+) -> TrajectoryIndex:
+    """Finds the trajectories given per-step done flags or trajectory ids (``values``: ``[n_rows, n_cols]``).
+
+    Args:
+        values (Tensor): done flags (``is_done=True``) or trajectory ids, in storage row order.
+        is_done (bool): what ``values`` holds.
+        n_rows, n_cols, offset, last_row: the layout from :func:`ring_layout`.
+        ndim (int): the storage's ``ndim``.
+    """
+    device = values.device
+    n = n_rows
+    if is_done:
+        flags = values if values.dtype == torch.bool else values.bool()
+        ends_rc = flags.t().nonzero()  # [K, 2] (col, row), sorted by column then row
+    else:
+        change = values[:-1] != values[1:]  # [n-1, n_cols]: row r ends a run when its id differs from r+1's
+        ends_rc = change.t().nonzero()
+        if offset:  # the last row is followed (in time) by row 0
+            wrap = (values[-1] != values[0]).nonzero().squeeze(-1)
+            ends_rc = torch.cat([ends_rc, torch.stack([wrap, torch.full_like(wrap, n - 1)], -1)])
+    cols = torch.arange(n_cols, device=device)
+    # every stream ends at its newest row (last_row, which is unrolled position n - 1 when rotating)
+    forced_rows = [last_row] if offset else [last_row, n - 1]
+    forced = torch.stack(
+        [cols.repeat(len(forced_rows)), torch.tensor(forced_rows, device=device).repeat_interleave(n_cols)], -1
+    )
+    ends_rc = torch.cat([ends_rc, forced])
+    col, row = ends_rc.unbind(-1)
+    unrolled = row if offset == 0 else (row - offset).remainder(n)
+    ends = torch.unique(col * n + unrolled)  # sorted, duplicates removed
+    starts = torch.empty_like(ends)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    return TrajectoryIndex(
+        starts=starts, lengths=ends - starts + 1, n_rows=n, n_cols=n_cols, offset=offset, ndim=ndim
+    )
+
+
+def format_lengths(lengths: torch.Tensor, limit: int = 8) -> str:
+    """A short description of the trajectory lengths present, for error messages."""
+    values, counts = torch.unique(lengths, return_counts=True)
+    pairs = [f"{int(v)} (x{int(c)})" for v, c in zip(values[-limit:], counts[-limit:])]
+    more = "" if values.numel() <= limit else f" and {values.numel() - limit} shorter ones"
+    return ", ".join(pairs) + more
+
+
+def normalize_key(key) -> str | tuple[str, ...]:
+    """A nested key as a str (one level) or a tuple of str; raises TypeError otherwise."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, Sequence) and key and all(isinstance(k, str) for k in key):
+        return key[0] if len(key) == 1 else tuple(key)
+    raise TypeError(f"A key must be a str or a non-empty tuple of str, got {key!r}.")

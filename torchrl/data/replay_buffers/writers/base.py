@@ -1,0 +1,145 @@
+"""The writer contract.
+
+A writer decides where new data goes in a storage: ``add(item) -> index`` and ``extend(batch) -> index``
+write through ``storage.set`` and then call ``storage.mark_update(index)``, which tells every buffer
+attached to the storage (and through it, its sampler) what was written. A write is validated by the storage
+before anything is stored, and a writer only moves its cursor after the storage accepted the data, so a bad
+write leaves both unchanged.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from tensordict import TensorDictBase, is_tensorclass
+
+
+class Writer(abc.ABC):
+    """Base class of replay-buffer writers (see the module docstring for the contract)."""
+
+    _storage = None
+    _rng: torch.Generator | None = None
+
+    def register_storage(self, storage) -> None:
+        """Sets the storage this writer writes into."""
+        self._storage = storage
+
+    def _require_storage(self):
+        if self._storage is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no storage: call writer.register_storage(storage) or use it "
+                f"through a ReplayBuffer."
+            )
+        return self._storage
+
+    @abc.abstractmethod
+    def add(self, data) -> Any: ...
+
+    @abc.abstractmethod
+    def extend(self, data) -> torch.Tensor: ...
+
+    def _empty(self, empty_write_count: bool = True) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        return None
+
+    def _replicate_index(self, index):
+        """Row positions -> cell positions (``[N * cells, ndim]``) for storages with ``ndim > 1``."""
+        storage = self._storage
+        if storage is None or storage.ndim == 1:
+            return index
+        rows = torch.as_tensor(index, dtype=torch.long).reshape(-1)
+        extra = storage.shape[1:]
+        grids = torch.meshgrid(*(torch.arange(s) for s in extra), indexing="ij")
+        cells = torch.stack([g.reshape(-1) for g in grids], -1)  # [cells, ndim - 1]
+        rows = rows.repeat_interleave(cells.shape[0]).unsqueeze(-1)
+        return torch.cat([rows, cells.repeat(rows.shape[0] // cells.shape[0], 1)], -1)
+
+    def dumps(self, path) -> None:
+        """Saves the writer's state to the directory ``path``."""
+        from torchrl.data.replay_buffers.checkpointers import dump_component
+
+        dump_component(self, path)
+
+    def loads(self, path) -> None:
+        """Loads a state saved by :meth:`dumps`."""
+        from torchrl.data.replay_buffers.checkpointers import load_component
+
+        load_component(self, path)
+
+    dump = dumps
+    save = dumps
+    load = loads
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_rng", None)
+        return state
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class ImmutableDatasetWriter(Writer):
+    """A writer that refuses every write: for buffers over a fixed dataset.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data import ImmutableDatasetWriter, LazyTensorStorage
+        >>> writer = ImmutableDatasetWriter()
+        >>> writer.register_storage(LazyTensorStorage(10))
+        >>> writer.extend(torch.zeros(2))
+        Traceback (most recent call last):
+        ...
+        RuntimeError: This buffer is read-only (ImmutableDatasetWriter): ...
+    """
+
+    def _refuse(self):
+        raise RuntimeError(
+            "This buffer is read-only (ImmutableDatasetWriter): it does not accept add/extend/empty. Build a "
+            "buffer with writer=RoundRobinWriter() to write data."
+        )
+
+    def add(self, data):
+        self._refuse()
+
+    def extend(self, data):
+        self._refuse()
+
+    def _empty(self, empty_write_count: bool = True) -> None:
+        self._refuse()
+
+
+def batch_len(data) -> int:
+    """The number of items in a batch (first dim of a tensor/TensorDict/tensorclass, length of a list, first
+    dim of the first leaf of a pytree)."""
+    if isinstance(data, (torch.Tensor, TensorDictBase)) or is_tensorclass(data):
+        if not data.shape:
+            raise ValueError(
+                "extend() takes a batch whose first dim indexes items; got data with no batch dim. Use add() to "
+                "write one item, or give the data a batch dim (e.g. data.unsqueeze(0))."
+            )
+        return data.shape[0]
+    if isinstance(data, list):
+        return len(data)
+    leaves = pytree.tree_leaves(data)
+    if not leaves or not isinstance(leaves[0], torch.Tensor) or not leaves[0].ndim:
+        raise TypeError(
+            f"extend() takes a tensor, a TensorDict, a tensorclass, a list of items or a pytree of batched "
+            f"tensors; got {type(data).__name__}."
+        )
+    return leaves[0].shape[0]
+
+
+def take_last(data, n: int):
+    """The last ``n`` items of a batch."""
+    if isinstance(data, (torch.Tensor, TensorDictBase, list)) or is_tensorclass(data):
+        return data[-n:]
+    return pytree.tree_map(lambda t: t[-n:], data)

@@ -1,0 +1,119 @@
+"""Ring-buffer writers: :class:`RoundRobinWriter` and :class:`TensorDictRoundRobinWriter`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from torchrl.data.replay_buffers._shared import SharedCounters
+from torchrl.data.replay_buffers.writers.base import Writer, batch_len, take_last
+
+
+class RoundRobinWriter(Writer):
+    """Writes at a cursor that wraps around the storage: once full, the oldest items are overwritten.
+
+    The cursor and the write count live in shared memory, like the storage counters, so a copy of the writer
+    in another process sees the same values.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data import LazyTensorStorage, RoundRobinWriter
+        >>> writer = RoundRobinWriter()
+        >>> writer.register_storage(LazyTensorStorage(4))
+        >>> writer.extend(torch.arange(3))
+        tensor([0, 1, 2])
+        >>> writer.extend(torch.arange(3))
+        tensor([3, 0, 1])
+        >>> writer.cursor, writer.write_count
+        (2, 6)
+    """
+
+    def __init__(self) -> None:
+        self._counters = SharedCounters(("cursor", "write_count"))
+
+    @property
+    def cursor(self) -> int:
+        """The next row to write."""
+        return self._counters["cursor"]
+
+    @property
+    def write_count(self) -> int:
+        """The number of items written since creation (or the last ``empty()``)."""
+        return self._counters["write_count"]
+
+    def _prepare(self, data, index):
+        """Hook for subclasses to edit the data knowing where it goes (``index`` a row or row tensor)."""
+        return data
+
+    def add(self, data):
+        storage = self._require_storage()
+        rows = storage._max_size_along_dim0(single_data=data)
+        cursor = self._counters["cursor"] % rows
+        storage.set(cursor, self._prepare(data, cursor))
+        self._counters["cursor"] = (cursor + 1) % rows
+        self._counters["write_count"] += 1
+        index = self._replicate_index(cursor)
+        storage.mark_update(index)
+        return index
+
+    def extend(self, data) -> torch.Tensor:
+        storage = self._require_storage()
+        n = batch_len(data)
+        if n == 0:
+            return torch.zeros((0,), dtype=torch.long)
+        rows = storage._max_size_along_dim0(batched_data=data)
+        cursor = self._counters["cursor"] % rows
+        index = (torch.arange(n) + cursor) % rows
+        if n > rows:  # only the last `rows` items survive a write larger than the storage
+            data = take_last(data, rows)
+            written = index[-rows:]
+        else:
+            written = index
+        storage.set(written, self._prepare(data, written))
+        self._counters["cursor"] = (cursor + n) % rows
+        self._counters["write_count"] += n
+        storage.mark_update(self._replicate_index(written))
+        return self._replicate_index(index)
+
+    def _empty(self, empty_write_count: bool = True) -> None:
+        self._counters["cursor"] = 0
+        if empty_write_count:
+            self._counters["write_count"] = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"_cursor": self.cursor, "_write_count": self.write_count}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._counters["cursor"] = int(state_dict["_cursor"])
+        self._counters["write_count"] = int(state_dict.get("_write_count", 0))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(cursor={self.cursor}, write_count={self.write_count})"
+
+
+class TensorDictRoundRobinWriter(RoundRobinWriter):
+    """A :class:`RoundRobinWriter` that also stores each item's position in its ``"index"`` entry.
+
+    The ``"index"`` entry is set on the written TensorDict in place, so the caller sees where each item went.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, TensorDictRoundRobinWriter
+        >>> writer = TensorDictRoundRobinWriter()
+        >>> writer.register_storage(LazyTensorStorage(10))
+        >>> td = TensorDict(obs=torch.zeros(3, 2), batch_size=[3])
+        >>> _ = writer.extend(td)
+        >>> td["index"]
+        tensor([0, 1, 2])
+    """
+
+    def _prepare(self, data, index):
+        if isinstance(data, TensorDictBase):
+            index = torch.as_tensor(index, dtype=torch.long, device=data.device)
+            if data.batch_dims > index.ndim:
+                index = index.reshape(*index.shape, *([1] * (data.batch_dims - index.ndim)))
+            data.set("index", index.expand(data.batch_size).clone())
+        return data
