@@ -39,8 +39,8 @@ def _check_loss_function(loss_function) -> str | LossFunction | None:
         name = loss_function.lower()
         if name not in _STRING_LOSSES:
             raise ValueError(
-                f"`loss_function` must be one of {list(_STRING_LOSSES)}, a callable (pred, target) -> loss or "
-                f"None, got {loss_function!r}."
+                f"`loss_function` must be one of {list(_STRING_LOSSES)}, a callable (pred, target) -> loss "
+                f"or None, got {loss_function!r}."
             )
         return name
     raise TypeError(
@@ -140,8 +140,8 @@ class BCLoss(nn.Module):
         super().__init__()
         if not isinstance(actor_network, nn.Module):
             raise TypeError(
-                f"`actor_network` must be an nn.Module (a TensorDictModule or a module taking the observation "
-                f"tensor), got {type(actor_network).__name__}."
+                f"`actor_network` must be an nn.Module (a TensorDictModule or a module taking the "
+                f"observation tensor), got {type(actor_network).__name__}."
             )
         self.actor_network = actor_network
         self.loss_function = _check_loss_function(loss_function)
@@ -209,9 +209,10 @@ class BCLoss(nn.Module):
     def _check_prediction_key(self) -> None:
         if self._is_td_module and self.prediction_key is None:
             raise ValueError(
-                f"Cannot tell which output of `actor_network` to compare with the expert action: its out_keys "
-                f"{list(self.actor_network.out_keys)} contain neither 'logits' nor {self.action_key!r}. Make "
-                f"the actor write 'logits' (discrete actions) or {self.action_key!r} (continuous actions)."
+                f"Cannot tell which output of `actor_network` to compare with the expert action: its "
+                f"out_keys {list(self.actor_network.out_keys)} contain neither 'logits' nor "
+                f"{self.action_key!r}. Make the actor write 'logits' (discrete actions) or "
+                f"{self.action_key!r} (continuous actions)."
             )
 
     # --------------------------------------------------------------- forward
@@ -244,8 +245,8 @@ class BCLoss(nn.Module):
         missing = [key for key in self.actor_network.in_keys if key not in present]
         if missing:
             raise KeyError(
-                f"The actor reads the keys {list(self.actor_network.in_keys)}, but the batch lacks {missing}. "
-                f"Keys present: {_keys_present(td)}."
+                f"The actor reads the keys {list(self.actor_network.in_keys)}, but the batch lacks "
+                f"{missing}. Keys present: {_keys_present(td)}."
             )
         out = self.actor_network(td.select(*self.actor_network.in_keys))
         key = self.prediction_key
@@ -267,7 +268,9 @@ class BCLoss(nn.Module):
                     f"Shape mismatch: floating expert actions for cross-entropy are class probabilities and "
                     f"must have the logits' shape {list(pred.shape)}, got {list(target.shape)}."
                 )
-            flat = F.cross_entropy(pred.reshape(-1, num_actions), target.reshape(-1, num_actions), reduction="none")
+            flat = F.cross_entropy(
+                pred.reshape(-1, num_actions), target.reshape(-1, num_actions), reduction="none"
+            )
             return flat.reshape(batch_shape)
         if target.shape == batch_shape + (1,):
             target = target.squeeze(-1)
@@ -278,8 +281,8 @@ class BCLoss(nn.Module):
             )
         if target.numel() and (int(target.min()) < 0 or int(target.max()) >= num_actions):
             raise ValueError(
-                f"Expert actions must be indices in [0, {num_actions}) for logits over {num_actions} actions, "
-                f"got values in [{int(target.min())}, {int(target.max())}]."
+                f"Expert actions must be indices in [0, {num_actions}) for logits over {num_actions} "
+                f"actions, got values in [{int(target.min())}, {int(target.max())}]."
             )
         flat = F.cross_entropy(pred.reshape(-1, num_actions), target.reshape(-1).long(), reduction="none")
         return flat.reshape(batch_shape)
@@ -287,14 +290,14 @@ class BCLoss(nn.Module):
     def _regression(self, name: str, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if _is_integer(target):
             raise ValueError(
-                f"`loss_function`={name!r} needs floating (continuous) expert actions, but the expert actions "
-                f"are integers ({target.dtype}). Use loss_function='cross_entropy' (or None) with logits, "
-                f"or convert the actions to float (e.g. one-hot) first."
+                f"`loss_function`={name!r} needs floating (continuous) expert actions, but the expert "
+                f"actions are integers ({target.dtype}). Use loss_function='cross_entropy' (or None) with "
+                f"logits, or convert the actions to float (e.g. one-hot) first."
             )
         if pred.shape != target.shape:
             raise ValueError(
-                f"Shape mismatch: the actor predicted shape {list(pred.shape)} but the expert action has shape "
-                f"{list(target.shape)}; they must be equal for loss_function={name!r}."
+                f"Shape mismatch: the actor predicted shape {list(pred.shape)} but the expert action has "
+                f"shape {list(target.shape)}; they must be equal for loss_function={name!r}."
             )
         return _REGRESSION[name](pred, target.to(pred.dtype), reduction="none")
 

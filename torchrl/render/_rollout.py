@@ -44,7 +44,9 @@ def make_env(env_id: str, *, render: bool) -> Any:
     try:
         return gymnasium.make(env_id, render_mode="rgb_array" if render else None)
     except gymnasium.error.UnregisteredEnv as err:
-        raise RenderError(f"unknown environment id {env_id!r}: {err} Pass a registered id with --env.") from None
+        raise RenderError(
+            f"unknown environment id {env_id!r}: {err} Pass a registered id with --env."
+        ) from None
     except gymnasium.error.Error as err:
         raise RenderError(f"cannot create environment {env_id!r}: {err}") from None
 
@@ -61,8 +63,8 @@ def check_compatible(env: Any, policy: nn.Module, env_id: str) -> None:
         )
     if int(action_space.n) != policy.num_actions:
         raise RenderError(
-            f"the policy has {policy.num_actions} actions, but {env_id!r} has {int(action_space.n)}; pass the "
-            f"environment the policy was trained on."
+            f"the policy has {policy.num_actions} actions, but {env_id!r} has {int(action_space.n)}; "
+            f"pass the environment the policy was trained on."
         )
     shape = getattr(obs_space, "shape", None)
     if shape is None or int(np.prod(shape)) != policy.obs_dim:

@@ -153,7 +153,9 @@ def save_policy_checkpoint(
             f"({sorted(_POLICY_CLASSES)}), got {name}. Build the policy with torchrl.render.MLPPolicy."
         )
     if not isinstance(env_id, str) or not env_id.strip():
-        raise ValueError(f"`env_id` must be a non-empty gymnasium environment id such as 'CartPole-v1', got {env_id!r}.")
+        raise ValueError(
+            f"`env_id` must be a non-empty gymnasium environment id such as 'CartPole-v1', got {env_id!r}."
+        )
     metadata = _check_metadata(metadata)
     directory = Path(path)
     if directory.exists() and not directory.is_dir():
@@ -183,8 +185,8 @@ def _read_spec(directory: Path) -> dict[str, Any]:
     if not spec_path.is_file():
         present = sorted(p.name for p in directory.iterdir())[:10]
         raise CheckpointFormatError(
-            f"{str(directory)!r} is not a policy checkpoint: it has no {SPEC_FILE} (files present: {present}). "
-            f"Write checkpoints with torchrl.render.save_policy_checkpoint."
+            f"{str(directory)!r} is not a policy checkpoint: it has no {SPEC_FILE} (files present: "
+            f"{present}). Write checkpoints with torchrl.render.save_policy_checkpoint."
         )
     try:
         spec = json.loads(spec_path.read_text(encoding="utf-8"))
@@ -227,15 +229,17 @@ def _build_policy(spec: dict[str, Any], spec_path: Path) -> nn.Module:
 def _load_weights(spec: dict[str, Any], directory: Path) -> dict[str, torch.Tensor]:
     file = spec["weights"].get("file", WEIGHTS_FILE)
     if not isinstance(file, str) or Path(file).name != file:
-        raise CheckpointFormatError(f"The weights file name {file!r} in {SPEC_FILE} must be a plain file name.")
+        raise CheckpointFormatError(
+            f"The weights file name {file!r} in {SPEC_FILE} must be a plain file name."
+        )
     weights_path = directory / file
     if not weights_path.is_file():
         raise CheckpointFormatError(f"The checkpoint {str(directory)!r} has no weights file {file!r}.")
     expected = spec["weights"].get("sha256")
     if expected is not None and _sha256(weights_path) != expected:
         raise CheckpointFormatError(
-            f"{str(weights_path)!r} does not match the SHA-256 recorded in {SPEC_FILE}: the file is corrupted "
-            f"or was replaced. Save the checkpoint again."
+            f"{str(weights_path)!r} does not match the SHA-256 recorded in {SPEC_FILE}: the file is "
+            f"corrupted or was replaced. Save the checkpoint again."
         )
     try:
         state_dict = torch.load(weights_path, map_location="cpu", weights_only=True)

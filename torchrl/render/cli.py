@@ -56,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     """Returns the ``rlrender`` argument parser."""
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="Play a policy checkpoint (written by torchrl.render.save_policy_checkpoint) in a gymnasium "
-        "environment, print the return of each episode and optionally write an animated GIF of the first one.",
+        description="Play a policy checkpoint (written by torchrl.render.save_policy_checkpoint) in a "
+        "gymnasium environment, print the return of each episode and optionally write an animated GIF of the "
+        "first one.",
     )
     parser.add_argument("checkpoint", metavar="CHECKPOINT", help="the policy checkpoint directory")
     parser.add_argument(
@@ -70,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of the first episode; episode i uses seed + i (default: 0)"
     )
-    parser.add_argument("--gif", metavar="PATH", default=None, help="write an animated GIF of the first episode")
+    parser.add_argument(
+        "--gif", metavar="PATH", default=None, help="write an animated GIF of the first episode"
+    )
     parser.add_argument(
         "--max-steps",
         type=_positive_int,
@@ -99,8 +102,9 @@ def _run(args: argparse.Namespace) -> None:
         returns = []
         frames = []
         for i in range(args.episodes):
+            record = args.gif is not None and i == 0
             episode = play_episode(
-                env, ckpt.policy, seed=args.seed + i, max_steps=args.max_steps, record=args.gif is not None and i == 0
+                env, ckpt.policy, seed=args.seed + i, max_steps=args.max_steps, record=record
             )
             if i == 0:
                 frames = episode.frames
@@ -132,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         _run(args)
-    except (OSError, CheckpointFormatError, RenderError) as err:  # OSError: missing checkpoint, unwritable GIF
+    except (OSError, CheckpointFormatError, RenderError) as err:  # OSError: no checkpoint, unwritable GIF
         parser.exit(2, f"{PROG}: error: {err}\n")
     return 0
 

@@ -33,4 +33,9 @@ __all__ = [
     "TensorDictRoundRobinWriter",
     "ImmutableDatasetWriter",
     "tensordict_collate",
+    "StorageDataset",
+    "ReplayBufferDataset",
 ]
+
+# The DataLoader adapters sit on top of buffers and storages: imported last.
+from torchrl.data.replay_buffers.dataloader import ReplayBufferDataset, StorageDataset  # noqa: E402

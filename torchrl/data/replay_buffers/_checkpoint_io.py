@@ -1,0 +1,346 @@
+"""Tensor files of a checkpoint: names, dtypes, streamed writes, checksums and memory-mapped reads.
+
+One tensor is one file of raw bytes (C order, no header) named ``<name>.memmap``, as in tensordict's memmap
+layout; a ``/`` in a name makes sub-directories. This module knows nothing of directories switching or of
+the metadata document: see :mod:`torchrl.data.replay_buffers.checkpointers` for the format as a whole.
+
+Writes never hold a whole tensor twice in memory:
+
+- a tensor that lives in a shared file mapping (a :class:`~tensordict.MemoryMappedTensor`, a
+  ``torch.from_file(..., shared=True)`` tensor) is copied file-to-file by the kernel (``os.copy_file_range``,
+  or ``pread``/``write`` through one reusable 64 MiB buffer), so its pages are never faulted into this
+  process and its resident memory does not grow;
+- any other tensor is written from its own memory in 64 MiB slices (non-contiguous or accelerator tensors
+  are made contiguous on the CPU one slice at a time).
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import stat
+import sys
+import zlib
+from collections.abc import Callable
+
+import torch
+
+CHUNK_BYTES = 64 << 20
+CHECKSUM_WINDOW = 1 << 20
+MEMMAP_SUFFIX = ".memmap"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint on disk is incomplete, corrupted, unsafe or of an unknown schema version.
+
+    The message says what is wrong and in which file. Raised by
+    :func:`~torchrl.data.replay_buffers.checkpointers.read_checkpoint` (and by ``loads``) before any data is
+    returned or any object is modified.
+    """
+
+
+def _dtype_table() -> dict[str, torch.dtype]:
+    names = (
+        "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+        "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+        "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+    )  # fmt: skip
+    return {name: getattr(torch, name) for name in names if isinstance(getattr(torch, name, None), torch.dtype)}
+
+
+DTYPES: dict[str, torch.dtype] = _dtype_table()
+DTYPE_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in DTYPES.items()}
+_FORBIDDEN_CHARS = frozenset("\\:\x00") | frozenset(map(chr, range(32))) | {"\x7f"}
+
+
+# -- names and paths --------------------------------------------------------------------------------------------
+def name_problem(name) -> str | None:
+    """Why ``name`` cannot be a relative path inside a checkpoint (``None`` when it can).
+
+    A name is ``/``-separated components; no component is empty, ``.`` or ``..``, longer than 200
+    characters, or holds a backslash, a colon or a control character. So no name is absolute or escapes the
+    checkpoint directory.
+    """
+    if not isinstance(name, str):
+        return f"it is a {type(name).__name__}, not a str"
+    if not name or len(name) > 1024:
+        return "it is empty or longer than 1024 characters"
+    for part in name.split("/"):
+        if part in ("", ".", ".."):
+            return f"it has the path component {part!r} (absolute paths, '.' and '..' are refused)"
+        if len(part) > 200:
+            return "one of its components is longer than 200 characters"
+        bad = _FORBIDDEN_CHARS.intersection(part)
+        if bad:
+            return f"it holds the character(s) {sorted(bad)!r}"
+    return None
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The checkpoint's name of ``dtype``; ``TypeError`` for a dtype outside the allowlist."""
+    try:
+        return DTYPE_NAMES[dtype]
+    except KeyError:
+        raise TypeError(
+            f"Checkpoints store tensors of dtypes {sorted(DTYPES)}; got {dtype}. Convert the tensor with "
+            f"`.to(torch.float32)` (or another listed dtype) before saving it."
+        ) from None
+
+
+def tensor_nbytes(dtype: torch.dtype, shape) -> int:
+    return math.prod(shape) * dtype.itemsize
+
+
+# -- low-level file helpers -------------------------------------------------------------------------------------
+def create_file(path: str) -> int:
+    """Creates ``path`` (which must not exist; symlinks are never followed) and returns a write descriptor."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    return os.open(path, flags, 0o644)
+
+
+def open_for_read(path: str) -> int:
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    return os.open(path, flags)
+
+
+def write_all(fd: int, view: memoryview) -> None:
+    while len(view):
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def read_exact(fd: int, count: int, offset: int) -> bytes:
+    parts = []
+    while count > 0:
+        block = os.pread(fd, count, offset)
+        if not block:
+            break
+        parts.append(block)
+        count -= len(block)
+        offset += len(block)
+    return b"".join(parts)
+
+
+def crc_windows(fd: int, nbytes: int, window: int = CHECKSUM_WINDOW) -> list[int]:
+    """``[crc32 of the first window bytes, crc32 of the last window bytes]`` of the open file ``fd``."""
+    size = min(window, nbytes)
+    head = zlib.crc32(read_exact(fd, size, 0))
+    tail = head if nbytes <= window else zlib.crc32(read_exact(fd, size, nbytes - size))
+    return [head, tail]
+
+
+# -- where a tensor's bytes live --------------------------------------------------------------------------------
+class _Mapping:
+    __slots__ = ("start", "end", "shared", "offset", "dev", "inode", "path")
+
+    def __init__(self, start, end, shared, offset, dev, inode, path):
+        self.start, self.end, self.shared = start, end, shared
+        self.offset, self.dev, self.inode, self.path = offset, dev, inode, path
+
+
+def read_file_mappings() -> list[_Mapping]:
+    """The file mappings of this process (Linux ``/proc/self/maps``); empty where that does not exist."""
+    if not sys.platform.startswith("linux"):
+        return []
+    try:
+        with open("/proc/self/maps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or not fields[5].startswith("/") or fields[5].endswith(" (deleted)"):
+            continue
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        major, minor = (int(x, 16) for x in fields[3].split(":"))
+        out.append(
+            _Mapping(start, end, fields[1][3] == "s", int(fields[2], 16), (major, minor), int(fields[4]), fields[5])
+        )
+    return out
+
+
+def file_source(tensor: torch.Tensor, mappings: list[_Mapping]) -> tuple[str, int] | None:
+    """``(file, byte offset)`` when ``tensor``'s bytes are a contiguous range of a shared file mapping.
+
+    Only then may the file be copied instead of the memory: a shared mapping's pages are the file's page
+    cache, so the file holds every write made through the tensor. A private (copy-on-write) mapping, a
+    file replaced on disk since it was mapped, or a non-contiguous tensor give ``None``.
+    """
+    if (
+        not mappings
+        or tensor.device.type != "cpu"
+        or tensor.layout != torch.strided
+        or tensor.numel() == 0
+        or not tensor.is_contiguous()
+        or tensor.is_conj()
+        or tensor.is_neg()
+    ):
+        return None
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    for m in mappings:
+        if m.start <= start and end <= m.end:
+            if not m.shared:
+                return None
+            try:
+                st = os.stat(m.path)
+            except OSError:
+                return None
+            if (os.major(st.st_dev), os.minor(st.st_dev)) != m.dev or st.st_ino != m.inode:
+                return None
+            offset = m.offset + (start - m.start)
+            if not stat.S_ISREG(st.st_mode) or offset + (end - start) > st.st_size:
+                return None
+            return m.path, offset
+    return None
+
+
+# -- writes -----------------------------------------------------------------------------------------------------
+def _byte_slices(tensor: torch.Tensor, chunk_bytes: int):
+    """Yields the bytes of ``tensor`` in C order, as memoryviews of at most about ``chunk_bytes``."""
+    tensor = tensor.detach().as_subclass(torch.Tensor)
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
+    if tensor.is_neg():
+        tensor = tensor.resolve_neg()
+    if tensor.numel() == 0:
+        return
+    if tensor.device.type == "cpu" and tensor.is_contiguous():
+        view = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+        for start in range(0, len(view), chunk_bytes):
+            yield view[start : start + chunk_bytes]
+        return
+    if tensor.dim() == 0:
+        yield from _byte_slices(tensor.cpu().reshape(1), chunk_bytes)
+        return
+    row_bytes = tensor[0].numel() * tensor.element_size()
+    if row_bytes > chunk_bytes and tensor.dim() > 1:
+        for row in tensor.unbind(0):
+            yield from _byte_slices(row, chunk_bytes)
+        return
+    rows = max(1, chunk_bytes // max(1, row_bytes))
+    for start in range(0, tensor.shape[0], rows):
+        piece = tensor[start : start + rows].to("cpu").contiguous()
+        yield memoryview(piece.reshape(-1).view(torch.uint8).numpy())
+
+
+def _copy_file_range(src: int, dst: int, offset: int, count: int, advance: Callable[[int], None]) -> int:
+    """Copies with ``os.copy_file_range``; returns how many bytes it copied (fewer if it is unsupported)."""
+    copy = getattr(os, "copy_file_range", None)
+    done = 0
+    while copy is not None and done < count:
+        try:
+            n = copy(src, dst, min(count - done, CHUNK_BYTES), offset + done, done)
+        except OSError as err:
+            if err.errno in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM, errno.EBADF):
+                return done
+            raise
+        if n == 0:
+            return done
+        done += n
+        advance(n)
+    return done
+
+
+def copy_from_file(source: str, offset: int, count: int, fd: int, advance: Callable[[int], None]) -> None:
+    """Writes ``count`` bytes of the file ``source`` starting at ``offset`` to ``fd``, kernel-side if possible."""
+    src = open_for_read(source)
+    try:
+        done = _copy_file_range(src, fd, offset, count, advance)
+        if done < count:
+            os.lseek(fd, done, os.SEEK_SET)
+            buffer = bytearray(min(CHUNK_BYTES, count - done))
+            view = memoryview(buffer)
+            while done < count:
+                n = os.preadv(src, [view[: min(len(view), count - done)]], offset + done)
+                if n == 0:
+                    raise RuntimeError(
+                        f"The file {source!r} ended {count - done} bytes early while it was copied into a "
+                        f"checkpoint: it was truncated by another process during the write."
+                    )
+                write_all(fd, view[:n])
+                done += n
+                advance(n)
+    finally:
+        os.close(src)
+
+
+def write_tensor_file(
+    path: str,
+    tensor: torch.Tensor,
+    *,
+    mappings: list[_Mapping],
+    fsync: bool,
+    advance: Callable[[int], None],
+) -> list[int]:
+    """Writes the bytes of ``tensor`` to the new file ``path``; returns its head/tail checksums."""
+    nbytes = tensor.numel() * tensor.element_size()
+    fd = create_file(path)
+    try:
+        source = file_source(tensor, mappings)
+        if source is not None:
+            copy_from_file(source[0], source[1], nbytes, fd, advance)
+        else:
+            for view in _byte_slices(tensor, CHUNK_BYTES):
+                write_all(fd, view)
+                advance(len(view))
+        written = os.fstat(fd).st_size
+        if written != nbytes:
+            raise RuntimeError(f"Wrote {written} bytes to {path!r} instead of {nbytes}.")
+        if fsync:
+            os.fsync(fd)
+        reader = open_for_read(path)
+        try:
+            return crc_windows(reader, nbytes)
+        finally:
+            os.close(reader)
+    finally:
+        os.close(fd)
+
+
+# -- reads ------------------------------------------------------------------------------------------------------
+def lstat_inside(root: str, relative: str) -> os.stat_result:
+    """``lstat`` of ``root/relative`` that refuses symlinks at every component (``CheckpointError``)."""
+    parts = relative.split("/")
+    current = root
+    for i, part in enumerate(parts):
+        current = os.path.join(current, part)
+        try:
+            st = os.lstat(current)
+        except FileNotFoundError:
+            raise CheckpointError(f"The file {relative!r} of the checkpoint {root!r} is missing.") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise CheckpointError(
+                f"{current!r} in the checkpoint {root!r} is a symlink; checkpoints hold regular files only "
+                f"and links are never followed."
+            )
+        if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
+            raise CheckpointError(f"{current!r} in the checkpoint {root!r} should be a directory.")
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(f"{relative!r} in the checkpoint {root!r} is not a regular file.")
+    return st
+
+
+def verify_windows(root: str, relative: str, nbytes: int, expected: list[int]) -> None:
+    fd = open_for_read(os.path.join(root, relative))
+    try:
+        found = crc_windows(fd, nbytes)
+    finally:
+        os.close(fd)
+    if found != list(expected):
+        where = "first" if found[0] != expected[0] else "last"
+        raise CheckpointError(
+            f"The file {relative!r} of the checkpoint {root!r} is corrupted: the checksum of its {where} "
+            f"{min(nbytes, CHECKSUM_WINDOW)} bytes does not match the metadata."
+        )
+
+
+def map_tensor(path: str, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+    """A copy-on-write memory map of ``path`` (nothing is read now); an empty tensor for 0 bytes."""
+    if math.prod(shape) == 0:
+        return torch.empty(shape, dtype=dtype)
+    from tensordict import MemoryMappedTensor
+
+    return MemoryMappedTensor.from_filename(path, dtype=dtype, shape=torch.Size(shape), mode="r")

@@ -1,0 +1,397 @@
+"""Vectorized sum and min segment trees over float64 leaves (numpy, no compiled extension).
+
+A segment tree keeps a reduction (sum or min) of every aligned block of its leaves, so that a range
+reduction and, for sums, a prefix-sum search cost ``O(log capacity)`` instead of ``O(capacity)``. The
+prioritized sampler uses a :class:`SumSegmentTree` to draw indices in proportion to their priorities and a
+:class:`MinSegmentTree` to normalize importance weights.
+
+Data model: the tree is one flat float64 array of ``2 * size`` slots, ``size`` the smallest power of two
+``>= capacity``. Slot ``1`` is the root, the children of slot ``i`` are ``2 * i`` and ``2 * i + 1`` and leaf
+``j`` lives in slot ``size + j``. Leaves past ``capacity`` and leaves never written hold the reduction's
+identity (``0`` for sums, ``+inf`` for mins). Viewing the array as complex128 puts the two children of slot
+``i`` in one element ``i``, so one 1-D gather reads both.
+
+Every operation takes a batch and runs a fixed number of numpy calls per tree level, never a Python loop
+over items: ``update`` re-reduces the changed slots level by level up to the top ``2 ** 11`` slots, which it
+recomputes whole (contiguous, cheaper than scattered writes); ``scan_lower_bound`` finds the slot at that
+level with one ``cumsum`` + ``searchsorted`` and descends the remaining levels together for all queries.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+import numpy as np
+import torch
+
+# Levels from the root whose slots ``update`` recomputes whole and ``scan_lower_bound`` searches with one
+# cumsum: 2 ** 11 slots is where a contiguous pass becomes cheaper than per-level scattered gathers.
+_FLAT_LEVEL = 11
+
+
+def _as_index_array(index, name: str = "index") -> np.ndarray:
+    """A 1-D int64 array from an int, a 1-D tensor/ndarray or a sequence of ints."""
+    if isinstance(index, bool) or isinstance(index, (torch.Tensor, np.ndarray)) and index.dtype in (
+        torch.bool,
+        np.bool_,
+    ):
+        raise TypeError(f"`{name}` must hold integer positions, got a boolean {type(index).__name__}.")
+    if isinstance(index, (int, np.integer)):
+        return np.array([index], dtype=np.int64)
+    if isinstance(index, torch.Tensor):
+        if index.is_floating_point() or index.is_complex():
+            raise TypeError(f"`{name}` must hold integer positions, got a tensor of dtype {index.dtype}.")
+        array = index.detach().cpu().numpy()
+    else:
+        try:
+            array = np.asarray(index)
+        except (TypeError, ValueError) as err:
+            raise TypeError(
+                f"`{name}` must be an int or a 1-D sequence of ints, got {type(index).__name__} {index!r}."
+            ) from err
+        if array.size == 0:
+            return np.empty(0, dtype=np.int64)
+        if not np.issubdtype(array.dtype, np.integer):
+            raise TypeError(f"`{name}` must hold integer positions, got an array of dtype {array.dtype}.")
+    if array.ndim > 1:
+        raise ValueError(f"`{name}` must be an int or a 1-D index, got shape {list(array.shape)}.")
+    return array.reshape(-1).astype(np.int64, copy=False)
+
+
+def _as_value_array(value, count: int | None = None, name: str = "value") -> np.ndarray:
+    """A 1-D float64 array from a number, a tensor of any real dtype or a sequence (broadcast to ``count``)."""
+    if isinstance(value, torch.Tensor):
+        if value.is_complex() or value.dtype == torch.bool:
+            raise TypeError(f"`{name}` must hold real numbers, got a tensor of dtype {value.dtype}.")
+        array = value.detach().to("cpu", torch.float64).numpy()
+    else:
+        try:
+            array = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError) as err:
+            raise TypeError(
+                f"`{name}` must be a number, a tensor or a sequence of numbers, got {type(value).__name__}."
+            ) from err
+    array = array.reshape(-1)
+    if count is not None and array.size != count:
+        if array.size != 1:
+            raise ValueError(
+                f"`{name}` has {array.size} entries for {count} indices: pass one value per index or a "
+                f"single value for all of them."
+            )
+        array = np.full(count, array[0])
+    return array
+
+
+def _last_wins(index: np.ndarray, value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Drops all but the last occurrence of every repeated index (numpy does not order repeated writes)."""
+    if index.size < 2:
+        return index, value
+    ordered = np.sort(index)
+    if not (ordered[1:] == ordered[:-1]).any():
+        return index, value
+    order = np.argsort(index, kind="stable")
+    ordered = index[order]
+    keep = np.empty(ordered.size, dtype=bool)
+    keep[-1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=keep[:-1])
+    return ordered[keep], value[order[keep]]
+
+
+class _SegmentTree:
+    """Shared machinery of the sum and min trees (``_ufunc``/``_reduce_two``/``identity`` vary)."""
+
+    identity: float
+    _ufunc: np.ufunc
+
+    def __init__(self, capacity: int) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+            raise TypeError(
+                f"`capacity` must be a positive int, got {capacity!r} ({type(capacity).__name__})."
+            )
+        if capacity <= 0:
+            raise ValueError(f"`capacity` must be a positive int, got {capacity}.")
+        self._capacity = int(capacity)
+        self._depth = (self._capacity - 1).bit_length()
+        self._size = 1 << self._depth
+        self._flat_level = min(self._depth, _FLAT_LEVEL)
+        self._tree = np.full(2 * self._size, self.identity, dtype=np.float64)
+        self._make_views()
+
+    def _make_views(self) -> None:
+        # _pairs[i] holds slots (2i, 2i+1), the children of slot i; _leaves is the last level.
+        self._pairs = self._tree.view(np.complex128)
+        self._leaves = self._tree[self._size :]
+
+    # -- public API -----------------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """The number of leaves."""
+        return self._capacity
+
+    def __len__(self) -> int:
+        return self._capacity
+
+    def update(self, index, value) -> None:
+        """Sets the leaves at ``index`` to ``value`` and re-reduces their ancestors.
+
+        Args:
+            index (int, 1-D tensor, ndarray or sequence of ints): leaf positions in ``[0, capacity)``.
+                When a position repeats, the last value given for it wins.
+            value (number, tensor or sequence): one value per index, or a single value for all of them.
+        """
+        index = self._checked_index(index)
+        value = _as_value_array(value, index.size)
+        self._check_values(value)
+        if index.size:
+            self._update_unique(*_last_wins(index, value))
+
+    __setitem__ = update
+
+    def __getitem__(self, index):
+        """Leaf values: a float for an int, a float64 tensor for a tensor, an ndarray otherwise."""
+        if isinstance(index, slice):
+            return self._leaves[: self._capacity][index].copy()
+        if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
+            return float(self._leaves[self._checked_index(index)[0]])
+        values = self._leaves[self._checked_index(index)]
+        return torch.from_numpy(values) if isinstance(index, torch.Tensor) else values
+
+    def query(self, start: int = 0, end: int | None = None) -> float:
+        """The reduction of the leaves in ``[start, end)``; the identity for an empty range.
+
+        Args:
+            start (int): first leaf of the range. Defaults to ``0``.
+            end (int, optional): one past the last leaf. Defaults to ``capacity``.
+        """
+        end = self._capacity if end is None else end
+        for name, bound in (("start", start), ("end", end)):
+            if isinstance(bound, bool) or not isinstance(bound, (int, np.integer)):
+                raise TypeError(f"`{name}` must be an int, got {bound!r} ({type(bound).__name__}).")
+        if not 0 <= start <= end <= self._capacity:
+            raise ValueError(
+                f"`start`={start} and `end`={end} must satisfy 0 <= start <= end <= capacity "
+                f"({self._capacity})."
+            )
+        if start == 0 and end == self._capacity:
+            return float(self._tree[1])
+        tree, reduce_two = self._tree, self._reduce_two
+        result = self.identity
+        lo, hi = int(start) + self._size, int(end) + self._size
+        while lo < hi:
+            if lo & 1:
+                result = reduce_two(result, float(tree[lo]))
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                result = reduce_two(result, float(tree[hi]))
+            lo >>= 1
+            hi >>= 1
+        return result
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"capacity": int, "values": float64 tensor of the leaves}``; the inner levels are derived."""
+        return {"capacity": self._capacity, "values": torch.from_numpy(self._leaves[: self._capacity].copy())}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores the leaves saved by :meth:`state_dict` and rebuilds the inner levels.
+
+        Raises:
+            ValueError: the state was saved from a tree of another capacity, or holds invalid values.
+        """
+        values = self._values_from_state(state_dict)
+        self._leaves[: self._capacity] = values
+        self._rebuild()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(capacity={self._capacity})"
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        for view in ("_pairs", "_leaves"):
+            state.pop(view, None)
+        return state
+
+    def __setstate__(self, state) -> None:
+        self.__dict__.update(state)
+        self._make_views()
+
+    # -- internals ------------------------------------------------------------------------------------------
+    def _values_from_state(self, state_dict: dict[str, Any]) -> np.ndarray:
+        """Validated leaf values of ``state_dict`` (nothing is modified)."""
+        if not isinstance(state_dict, dict) or not {"capacity", "values"} <= state_dict.keys():
+            raise ValueError(
+                f"`state_dict` must be a dict with 'capacity' and 'values' (from {type(self).__name__}."
+                f"state_dict()), got {type(state_dict).__name__} with keys "
+                f"{sorted(state_dict) if isinstance(state_dict, dict) else None}."
+            )
+        capacity = int(state_dict["capacity"])
+        if capacity != self._capacity:
+            raise ValueError(
+                f"`state_dict` was saved from a {type(self).__name__} of capacity {capacity}, this one has "
+                f"capacity {self._capacity}: create the tree with capacity={capacity} to load it."
+            )
+        values = _as_value_array(state_dict["values"], name="state_dict['values']")
+        if values.size != capacity:
+            raise ValueError(
+                f"`state_dict['values']` has {values.size} entries, expected one per leaf ({capacity})."
+            )
+        self._check_values(values)
+        return values
+
+    def _checked_index(self, index) -> np.ndarray:
+        index = _as_index_array(index)
+        if index.size:
+            lo, hi = index.min(), index.max()
+            if lo < 0 or hi >= self._capacity:
+                bad = lo if lo < 0 else hi
+                raise IndexError(
+                    f"`index` {bad} is out of range for a {type(self).__name__} of capacity "
+                    f"{self._capacity}: pass positions in [0, {self._capacity})."
+                )
+        return index
+
+    def _check_values(self, value: np.ndarray) -> None:
+        if value.size and np.isnan(value).any():
+            raise ValueError(f"`value` must not contain NaN, got {value[np.isnan(value)][:3]}.")
+
+    def _update_unique(self, index: np.ndarray, value: np.ndarray) -> None:
+        """Writes leaves (``index`` in range, without repeats) and re-reduces their ancestors."""
+        tree, pairs, ufunc = self._tree, self._pairs, self._ufunc
+        node = index + self._size
+        tree[node] = value
+        for _ in range(self._depth - self._flat_level):
+            node >>= 1
+            children = pairs[node]
+            tree[node] = ufunc(children.real, children.imag)
+        self._rebuild_levels(self._flat_level)
+
+    def _rebuild_levels(self, below: int) -> None:
+        """Recomputes every slot of the levels ``below - 1`` .. ``0`` (root) from the level under it."""
+        tree, pairs, ufunc = self._tree, self._pairs, self._ufunc
+        for level in range(below - 1, -1, -1):
+            lo = 1 << level
+            children = pairs[lo : 2 * lo]
+            ufunc(children.real, children.imag, out=tree[lo : 2 * lo])
+
+    def _rebuild(self) -> None:
+        self._leaves[self._capacity :] = self.identity
+        self._rebuild_levels(self._depth)
+
+
+class SumSegmentTree(_SegmentTree):
+    """A segment tree of sums over ``capacity`` non-negative float64 leaves.
+
+    Sums are float64 whatever the precision of the values written. Besides range sums it answers batched
+    prefix-sum searches (:meth:`scan_lower_bound`), the primitive of proportional sampling: drawing ``v``
+    uniformly in ``(0, total]`` and searching it picks leaf ``i`` with probability ``leaf_i / total``.
+
+    Args:
+        capacity (int): the number of leaves; all start at ``0``.
+
+    Examples:
+        >>> import numpy as np
+        >>> tree = SumSegmentTree(5)
+        >>> tree.update(np.array([0, 2, 4]), np.array([1.0, 2.0, 3.0]))
+        >>> tree.query(0, 5), tree.query(1, 3)
+        (6.0, 2.0)
+        >>> tree.scan_lower_bound(np.array([0.5, 1.0, 1.5, 6.0, 7.0])).tolist()
+        [0, 0, 2, 4, 5]
+    """
+
+    identity = 0.0
+    _ufunc = np.add
+    _reduce_two = staticmethod(operator.add)
+
+    @property
+    def total(self) -> float:
+        """The sum of all leaves."""
+        return float(self._tree[1])
+
+    def scan_lower_bound(self, values):
+        """For each ``v``, the first leaf index whose inclusive prefix sum is ``>= v``.
+
+        Leaves holding ``0`` are never returned for ``v > 0`` (a partial sum rounded past the last
+        non-zero leaf steps back to it). ``v <= 0`` gives ``0``; ``v`` above the total gives ``capacity``.
+
+        Args:
+            values (number, tensor, ndarray or sequence): the prefix sums to search.
+
+        Returns:
+            int64 positions: a tensor for a tensor input, an ndarray otherwise.
+        """
+        v = _as_value_array(values, name="values")
+        if v.size and np.isnan(v).any():
+            raise ValueError("`values` must not contain NaN.")
+        found = self._scan(v) if v.size else np.empty(0, dtype=np.int64)
+        if v.size:
+            above = v > self._tree[1]
+            positive = v > 0
+            stray = positive & ~above & (self._leaves[found] <= 0)
+            if stray.any():
+                found[stray] = self._last_positive_at_or_before(found[stray], self._capacity)
+            found[above] = self._capacity
+        return torch.from_numpy(found) if isinstance(values, torch.Tensor) else found
+
+    def _check_values(self, value: np.ndarray) -> None:
+        if value.size and not (value.min() >= 0 and value.max() < np.inf):
+            bad = value[~((value >= 0) & (value < np.inf))][:3]
+            raise ValueError(
+                f"`value` of a SumSegmentTree must be finite and >= 0 (sums of negative values cannot be "
+                f"searched), got {bad.tolist()}."
+            )
+
+    def _scan(self, v: np.ndarray) -> np.ndarray:
+        """Raw batched descent: leaf positions in ``[0, size)`` (no handling of rounding or ``v > total``)."""
+        level = self._flat_level
+        lo = 1 << level
+        prefix = np.empty(lo + 1)
+        prefix[0] = 0.0
+        np.cumsum(self._tree[lo : 2 * lo], out=prefix[1:])
+        node = np.searchsorted(prefix, v, side="left")
+        node -= 1
+        np.clip(node, 0, lo - 1, out=node)
+        rest = v - prefix[node]
+        node += lo
+        pairs = self._pairs
+        for _ in range(self._depth - level):
+            left = pairs[node].real
+            go_right = rest > left
+            rest -= left * go_right
+            node <<= 1
+            node += go_right
+        node -= self._size
+        return node
+
+    def _last_positive_at_or_before(self, index: np.ndarray, limit: int) -> np.ndarray:
+        """For each position, the closest leaf ``<= position`` and ``< limit`` holding a value ``> 0``.
+
+        Used only to repair rare rounding overshoots, so an O(limit) pass is fine.
+        """
+        positive = np.flatnonzero(self._leaves[:limit] > 0)
+        if not positive.size:
+            return np.zeros_like(index)
+        k = np.searchsorted(positive, np.minimum(index, limit - 1), side="right") - 1
+        return positive[np.maximum(k, 0)]
+
+
+class MinSegmentTree(_SegmentTree):
+    """A segment tree of minimums over ``capacity`` float64 leaves.
+
+    Leaves never written hold ``+inf`` (the identity of ``min``), so a range minimum only sees values that
+    were set.
+
+    Args:
+        capacity (int): the number of leaves; all start at ``+inf``.
+
+    Examples:
+        >>> tree = MinSegmentTree(4)
+        >>> tree.update([1, 3], [5.0, 2.0])
+        >>> tree.query(), tree.query(0, 2), tree.query(0, 1)
+        (2.0, 5.0, inf)
+    """
+
+    identity = math.inf
+    _ufunc = np.minimum
+    _reduce_two = staticmethod(min)

@@ -1,0 +1,449 @@
+"""Sampling contiguous slices of trajectories: :class:`SliceSampler`.
+
+A batch of ``batch_size`` steps is made of ``num_slices`` slices of ``slice_len`` consecutive steps, each
+taken from one trajectory and never crossing a trajectory boundary, the ring-buffer wrap (newest data next
+to the oldest) or, for ``ndim=2`` storages, an env column. Trajectories are found from a trajectory-id entry
+or from done flags (see :mod:`._trajectories` for the data model); the sampler then picks trajectories
+uniformly and a uniform start inside each one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tensordict import NestedKey
+
+from torchrl.data.replay_buffers.samplers._trajectories import (
+    TrajectoryIndex,
+    as_step_values,
+    find_trajectories,
+    format_lengths,
+    has_key,
+    normalize_key,
+    read_column,
+    ring_layout,
+)
+from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size
+
+_DONE_KEY = ("next", "done")
+_TERMINATED_KEY = ("next", "terminated")
+_MASK_KEY = ("collector", "mask")
+_PROBED_TRAJ_KEYS = (("collector", "traj_ids"), "episode")
+
+
+@dataclass
+class _Eligible:
+    """The trajectories a slice of a given length may come from, and the range of start offsets in each.
+
+    A slice starting at offset ``k`` (relative to its trajectory's first step) covers offsets
+    ``k .. k + slice_len - 1``; ``k`` is drawn uniformly in ``[low, low + count)``.
+    """
+
+    traj: torch.Tensor | None  # positions in TrajectoryIndex.starts (None: all of them)
+    starts: torch.Tensor
+    lengths: torch.Tensor
+    low: int
+    count: torch.Tensor
+
+
+@dataclass
+class _Boundaries:
+    """What a sampler knows about the storage content, cached between calls when ``cache_values=True``."""
+
+    key: tuple
+    index: TrajectoryIndex
+    done: torch.Tensor | None  # per-cell stored done flags (row-major cells), or None
+    terminated: torch.Tensor | None
+    eligible: dict[int, _Eligible] = field(default_factory=dict)
+
+
+def _check_positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
+    return value
+
+
+def _normalize_span(span) -> tuple[bool | int, bool | int]:
+    def side(value):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value >= 0:
+            return value
+        raise TypeError(
+            f"`span` must be a bool, a non-negative int or a (left, right) pair of them, got {span!r}."
+        )
+
+    if isinstance(span, (tuple, list)):
+        if len(span) != 2:
+            raise TypeError(f"`span` as a sequence must be a (left, right) pair, got {span!r}.")
+        return side(span[0]), side(span[1])
+    return side(span), side(span)
+
+
+def _check_static(values, name: str) -> torch.Tensor:
+    if not isinstance(values, torch.Tensor):
+        raise TypeError(f"`{name}` must be a torch.Tensor with one value per stored step, got {type(values)}.")
+    if values.ndim not in (1, 2):
+        raise ValueError(
+            f"`{name}` must be 1-D ([steps]) or 2-D ([time, envs] for ndim=2 storages), got shape "
+            f"{list(values.shape)}."
+        )
+    return values
+
+
+class SliceSampler(Sampler):
+    """Samples slices of consecutive steps from the trajectories held in a storage.
+
+    Slices are what recurrent policies, sequence models and n-step targets train on. Each slice lies inside
+    one trajectory: it never crosses a done flag or a change of trajectory id, never runs from the newest
+    data into the oldest across the ring-buffer wrap, and never crosses from one env column to the next in
+    an ``ndim=2`` (``[time, envs]``) storage. Trajectories are drawn uniformly, then a start uniformly
+    among the positions that fit a full slice.
+
+    The sampler is stateless (``requires_shared_state = False``): its draws depend only on the storage
+    content, its arguments and the generator, so DataLoader workers can each hold a copy.
+
+    Keyword Args:
+        num_slices (int, optional): slices per batch; the slice length is ``batch_size // num_slices``.
+            Exactly one of ``num_slices``/``slice_len`` must be given.
+        slice_len (int, optional): steps per slice; a batch holds ``batch_size // slice_len`` slices.
+        end_key (NestedKey, optional): the done flags that end trajectories. With neither ``end_key`` nor
+            ``traj_key``, the sampler uses ``("collector", "traj_ids")`` if stored, else ``"episode"``, else
+            ``("next", "done")``. Defaults to ``None``.
+        traj_key (NestedKey, optional): an entry holding a trajectory id per step; a trajectory is a run of
+            consecutive steps with the same id. Takes precedence over ``end_key`` when both are stored.
+            Defaults to ``None``.
+        ends (Tensor, optional): static done flags, one per stored step in storage order, for data that is
+            not written any more. Needs ``cache_values=True``; excludes the key arguments. Defaults to ``None``.
+        trajectories (Tensor, optional): static trajectory ids, as ``ends``. Defaults to ``None``.
+        cache_values (bool): keep the trajectory boundaries between calls, until the storage is written again
+            (keyed on the storage's write revision). Defaults to ``False``.
+        truncated_key (NestedKey, optional): the info entry marking the last step of each slice;
+            ``("next", "done")`` and ``("next", "terminated")`` are returned with it. ``None`` returns none of
+            the three. Defaults to ``("next", "truncated")``.
+        strict_length (bool): ``True`` only samples trajectories that hold a full slice; ``False`` also
+            samples shorter trajectories, whose slices are then shorter (the batch is shorter than
+            ``batch_size`` unless ``pad_output=True``). Defaults to ``True``.
+        pad_output (bool): with ``strict_length=False``, pad short slices to ``slice_len`` by repeating their
+            last step, and return the mask ``("collector", "mask")`` (``True`` on real steps). Defaults to
+            ``False``.
+        span (bool, int or (left, right)): let slices start up to ``left`` steps before the first step of a
+            trajectory and end up to ``right`` steps after its last step (``True`` means ``slice_len - 1``
+            steps; an int is capped there), so that the first and last steps are sampled as often as the
+            others. Steps outside the trajectory are clamped to its first/last step (repeated, and masked out
+            when ``pad_output=True``); with ``strict_length=False`` and ``pad_output=False`` they are dropped.
+            With a span, a trajectory is long enough if ``length + left + right >= slice_len``.
+            Defaults to ``False``.
+
+    ``sample`` returns ``(index, info)``: ``index`` is a tuple of per-dimension index tensors (one tensor
+    for 1-D storages) whose entries ``[i * slice_len, (i + 1) * slice_len)`` are slice ``i``, in time
+    order; ``info`` holds ``truncated_key`` (``[B, 1]``, ``True`` on the last step of each slice, and on
+    the padding that repeats it), ``("next", "done")`` (stored done or truncated) and
+    ``("next", "terminated")`` (stored, or ``False``).
+
+    .. note:: With ``cache_values=True`` and a :class:`ListStorage` (which has no write revision), the cache
+        is keyed on the storage length and cleared by the buffer's ``extend``/``add`` notifications; write
+        through a buffer, not ``storage.set``, to keep it fresh.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage
+        >>> from torchrl.data.replay_buffers.samplers.slice import SliceSampler
+        >>> storage = LazyTensorStorage(100)
+        >>> episode = torch.arange(40) // 10  # 4 trajectories of 10 steps
+        >>> storage.set(torch.arange(40), TensorDict(episode=episode, obs=torch.randn(40, 3), batch_size=[40]))
+        >>> sampler = SliceSampler(slice_len=5, traj_key="episode")
+        >>> index, info = sampler.sample(storage, 20)
+        >>> data = storage.get(index)
+        >>> data["episode"].view(4, 5).unique(dim=1).shape  # one episode per slice
+        torch.Size([4, 1])
+        >>> info[("next", "truncated")].view(4, 5)[:, -1].all()
+        tensor(True)
+    """
+
+    requires_shared_state = False
+
+    def __init__(
+        self,
+        *,
+        num_slices: int | None = None,
+        slice_len: int | None = None,
+        end_key: NestedKey | None = None,
+        traj_key: NestedKey | None = None,
+        ends: torch.Tensor | None = None,
+        trajectories: torch.Tensor | None = None,
+        cache_values: bool = False,
+        truncated_key: NestedKey | None = ("next", "truncated"),
+        strict_length: bool = True,
+        pad_output: bool = False,
+        span: bool | int | tuple = False,
+    ):
+        if (num_slices is None) == (slice_len is None):
+            raise TypeError(
+                f"Pass exactly one of `num_slices` and `slice_len`, got num_slices={num_slices!r} and "
+                f"slice_len={slice_len!r}. The other one is derived from the batch size."
+            )
+        self.num_slices = None if num_slices is None else _check_positive_int(num_slices, "num_slices")
+        self.slice_len = None if slice_len is None else _check_positive_int(slice_len, "slice_len")
+        if pad_output and strict_length:
+            raise ValueError(
+                "`pad_output`=True pads slices shorter than `slice_len`, which `strict_length`=True never "
+                "returns. Pass strict_length=False with pad_output=True."
+            )
+        if ends is not None and trajectories is not None:
+            raise ValueError("Pass at most one of `ends` and `trajectories`; got both.")
+        static = ends if ends is not None else trajectories
+        if static is not None:
+            name = "ends" if ends is not None else "trajectories"
+            if end_key is not None or traj_key is not None:
+                raise ValueError(
+                    f"`{name}` gives the trajectories directly and excludes `end_key`/`traj_key` (got "
+                    f"end_key={end_key!r}, traj_key={traj_key!r}). Pass one or the other."
+                )
+            if not cache_values:
+                raise ValueError(
+                    f"`{name}` describes static data and needs `cache_values`=True (got {cache_values!r}); "
+                    f"for data that is still written, pass `end_key` or `traj_key` instead."
+                )
+            self._static = (_check_static(static, name), ends is not None)
+        else:
+            self._static = None
+        self.end_key = None if end_key is None else normalize_key(end_key)
+        self.traj_key = None if traj_key is None else normalize_key(traj_key)
+        self.cache_values = bool(cache_values)
+        self.truncated_key = None if truncated_key is None else normalize_key(truncated_key)
+        self.strict_length = bool(strict_length)
+        self.pad_output = bool(pad_output)
+        self.span = _normalize_span(span)
+        self._cache: _Boundaries | None = None
+
+    # -- batch layout ------------------------------------------------------------------------------------------
+    def _slice_shape(self, batch_size: int) -> tuple[int, int]:
+        """``(num_slices, slice_len)`` for a batch."""
+        if self.num_slices is not None:
+            if batch_size % self.num_slices:
+                raise ValueError(
+                    f"`batch_size`={batch_size} is not divisible by `num_slices`={self.num_slices}. Pass a "
+                    f"multiple of {self.num_slices}."
+                )
+            return self.num_slices, batch_size // self.num_slices
+        if batch_size % self.slice_len:
+            raise ValueError(
+                f"`batch_size`={batch_size} is not divisible by `slice_len`={self.slice_len}. Pass a "
+                f"multiple of {self.slice_len}."
+            )
+        return batch_size // self.slice_len, self.slice_len
+
+    def _span_steps(self, slice_len: int) -> tuple[int, int]:
+        cap = slice_len - 1
+        return tuple(cap if s is True else 0 if s is False else min(s, cap) for s in self.span)
+
+    # -- boundaries --------------------------------------------------------------------------------------------
+    @staticmethod
+    def _cache_key(storage) -> tuple:
+        counters = getattr(storage, "_counters", None)
+        if counters is not None:
+            return (id(storage), "revision", counters["revision"])
+        return (id(storage), "len", len(storage))
+
+    def _boundaries(self, storage) -> _Boundaries:
+        """The trajectories of ``storage``, from the cache when it is still valid."""
+        if len(storage) == 0:
+            raise RuntimeError("Cannot sample from an empty storage: add data first (rb.add / rb.extend).")
+        key = self._cache_key(storage)
+        cache = self._cache
+        if cache is not None and cache.key == key:
+            return cache
+        bounds = self._find_boundaries(storage, key)
+        self._cache = bounds if self.cache_values else None
+        return bounds
+
+    def _resolve_source(self, storage) -> tuple[Any, bool]:
+        """``(key or static tensor, is_done)``: where the trajectories come from."""
+        if self._static is not None:
+            return self._static
+        if self.traj_key is not None and has_key(storage, self.traj_key):
+            return self.traj_key, False
+        if self.end_key is not None and has_key(storage, self.end_key):
+            return self.end_key, True
+        if self.traj_key is None and self.end_key is None:
+            for key in _PROBED_TRAJ_KEYS:
+                if has_key(storage, key):
+                    return key, False
+            if has_key(storage, _DONE_KEY):
+                return _DONE_KEY, True
+            raise RuntimeError(
+                f"{type(self).__name__} found no trajectory information in the storage: it has none of the "
+                f"entries {[*_PROBED_TRAJ_KEYS, _DONE_KEY]}. Pass `traj_key` (a per-step trajectory id) or "
+                f"`end_key` (per-step done flags) naming a stored entry, or `ends`/`trajectories` tensors "
+                f"(with cache_values=True)."
+            )
+        given = [f"{name}={key!r}" for name, key in (("traj_key", self.traj_key), ("end_key", self.end_key))]
+        raise RuntimeError(
+            f"The storage has no entry {' nor '.join(given)} to find trajectories from. Pass the key of a stored "
+            f"entry (`traj_key` for per-step trajectory ids, `end_key` for per-step done flags)."
+        )
+
+    def _find_boundaries(self, storage, key: tuple) -> _Boundaries:
+        n_rows, n_cols, offset, last_row = ring_layout(storage)
+        source, is_done = self._resolve_source(storage)
+        if isinstance(source, torch.Tensor):
+            name = "`ends` tensor" if is_done else "`trajectories` tensor"
+            values = as_step_values(source, n_rows, n_cols, name=name, reduce_any=False)
+        else:
+            what = "done flags" if is_done else "trajectory ids"
+            values = as_step_values(
+                read_column(storage, source, n_rows), n_rows, n_cols, name=f"{what} {source!r}", reduce_any=is_done
+            )
+        index = find_trajectories(
+            values, is_done=is_done, n_rows=n_rows, n_cols=n_cols, offset=offset, last_row=last_row, ndim=storage.ndim
+        )
+        done = terminated = None
+        if self.truncated_key is not None:
+            if has_key(storage, _DONE_KEY):
+                done = self._flags(storage, _DONE_KEY, n_rows, n_cols)
+            elif is_done and not isinstance(source, torch.Tensor):
+                done = values.reshape(-1)
+            if has_key(storage, _TERMINATED_KEY):
+                terminated = self._flags(storage, _TERMINATED_KEY, n_rows, n_cols)
+        return _Boundaries(key=key, index=index, done=done, terminated=terminated)
+
+    @staticmethod
+    def _flags(storage, key, n_rows: int, n_cols: int) -> torch.Tensor:
+        column = read_column(storage, key, n_rows)
+        flags = as_step_values(column, n_rows, n_cols, name=f"entry {key!r}", reduce_any=True)
+        return flags.reshape(-1) if flags.dtype == torch.bool else flags.reshape(-1).bool()
+
+    def _eligible(self, bounds: _Boundaries, slice_len: int) -> _Eligible:
+        """The trajectories a slice of ``slice_len`` steps may come from (cached per length)."""
+        elig = bounds.eligible.get(slice_len)
+        if elig is not None:
+            return elig
+        index = bounds.index
+        lengths = index.lengths
+        left, right = self._span_steps(slice_len)
+        traj = None
+        if self.strict_length:
+            ok = lengths + (left + right) >= slice_len
+            if not bool(ok.all()):
+                if not bool(ok.any()):
+                    raise RuntimeError(
+                        f"No trajectory is long enough for slices of `slice_len`={slice_len} with "
+                        f"strict_length=True: the storage holds {lengths.numel()} trajectories of lengths "
+                        f"{format_lengths(lengths)}. Lower the slice length (or raise `num_slices`), pass "
+                        f"strict_length=False to also sample shorter slices, or pass span=True."
+                    )
+                traj = ok.nonzero().squeeze(-1)
+        starts = index.starts if traj is None else index.starts[traj]
+        lengths = lengths if traj is None else lengths[traj]
+        high = lengths - slice_len + right
+        if not self.strict_length:
+            high = high.clamp_min(-left)
+        elig = _Eligible(traj=traj, starts=starts, lengths=lengths, low=-left, count=high + left + 1)
+        bounds.eligible[slice_len] = elig
+        return elig
+
+    # -- drawing -----------------------------------------------------------------------------------------------
+    def _randint(self, high: int, size: int, device) -> torch.Tensor:
+        gen = self._rng
+        out = torch.randint(0, high, (size,), generator=gen, device=gen.device if gen is not None else device)
+        return out.to(device)
+
+    def _uniform(self, size: int, device) -> torch.Tensor:
+        gen = self._rng
+        out = torch.rand(size, generator=gen, dtype=torch.float64, device=gen.device if gen is not None else device)
+        return out.to(device)
+
+    def _draw_trajectories(self, elig: _Eligible, num_slices: int) -> torch.Tensor:
+        """Positions in ``elig`` of the trajectories of the batch's slices (uniform, with replacement)."""
+        return self._randint(elig.starts.numel(), num_slices, elig.starts.device)
+
+    def _slice_offsets(self, elig: _Eligible, chosen: torch.Tensor) -> torch.Tensor:
+        """A uniform start offset for each chosen trajectory, relative to its first step."""
+        count = elig.count[chosen]
+        draw = (self._uniform(chosen.numel(), count.device) * count).long()
+        return torch.minimum(draw, count - 1) + elig.low
+
+    def sample(self, storage, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:
+        batch_size = check_batch_size(batch_size)
+        num_slices, slice_len = self._slice_shape(batch_size)
+        bounds = self._boundaries(storage)
+        elig = self._eligible(bounds, slice_len)
+        chosen = self._draw_trajectories(elig, num_slices)
+        offsets = self._slice_offsets(elig, chosen)
+        return self._build_slices(bounds, elig.starts[chosen], elig.lengths[chosen], offsets, slice_len)
+
+    def _build_slices(
+        self,
+        bounds: _Boundaries,
+        traj_starts: torch.Tensor,
+        traj_lengths: torch.Tensor,
+        offsets: torch.Tensor,
+        slice_len: int,
+    ) -> tuple[tuple[torch.Tensor, ...], dict]:
+        """Index and info of slices given their trajectories (flat start, length) and start offsets."""
+        steps = torch.arange(slice_len, device=offsets.device)
+        within = offsets.unsqueeze(-1) + steps  # [S, L] offsets inside each trajectory
+        may_leave = not self.strict_length or self.span != (False, False)
+        if may_leave:
+            last = (traj_lengths - 1).unsqueeze(-1)
+            clamped = torch.minimum(within.clamp_min(0), last)
+            real = clamped == within
+            truncated = clamped == clamped[:, -1:]
+        else:
+            clamped = within
+            real = None
+            truncated = (steps == slice_len - 1).expand_as(within)
+        flat = clamped + traj_starts.unsqueeze(-1)
+        if real is not None and not self.pad_output and not self.strict_length:
+            flat, truncated = flat[real], truncated[real]
+        else:
+            flat, truncated = flat.reshape(-1), truncated.reshape(-1)
+        index, cells = bounds.index.storage_index(flat)
+        info: dict = {}
+        if self.truncated_key is not None:
+            truncated = truncated.unsqueeze(-1)
+            done = truncated if bounds.done is None else bounds.done[cells].unsqueeze(-1) | truncated
+            if bounds.terminated is None:
+                terminated = torch.zeros_like(truncated)
+            else:
+                terminated = bounds.terminated[cells].unsqueeze(-1)
+            info[self.truncated_key] = truncated
+            info[_DONE_KEY] = done
+            info[_TERMINATED_KEY] = terminated
+        if self.pad_output:
+            info[_MASK_KEY] = real.reshape(-1) if real is not None else torch.ones_like(flat, dtype=torch.bool)
+        return index, info
+
+    # -- notifications and state -------------------------------------------------------------------------------
+    def add(self, index) -> None:
+        self._cache = None
+
+    def extend(self, index) -> None:
+        self._cache = None
+
+    def mark_update(self, index, *, storage=None) -> None:
+        self._cache = None
+
+    def _empty(self) -> None:
+        self._cache = None
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_cache"] = None
+        return state
+
+    def __repr__(self) -> str:
+        size = f"num_slices={self.num_slices}" if self.num_slices is not None else f"slice_len={self.slice_len}"
+        source = (
+            "static"
+            if self._static is not None
+            else f"traj_key={self.traj_key!r}, end_key={self.end_key!r}"
+        )
+        return (
+            f"{type(self).__name__}({size}, {source}, strict_length={self.strict_length}, "
+            f"pad_output={self.pad_output}, span={self.span}, cache_values={self.cache_values})"
+        )

@@ -1,0 +1,107 @@
+"""Epochs of trajectory slices: :class:`SliceSamplerWithoutReplacement`."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import NestedKey
+
+from torchrl.data.replay_buffers.samplers.random import SamplerWithoutReplacement
+from torchrl.data.replay_buffers.samplers.slice import SliceSampler, _Eligible
+
+
+class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
+    """Samples one slice from every trajectory per epoch, in a random (or fixed) order of trajectories.
+
+    An epoch is a permutation of the trajectories that can hold a slice; each batch takes the next
+    ``num_slices`` of them and draws one uniform start in each, so a trajectory appears at most once per
+    batch and exactly once per epoch. When the epoch is exhausted, :attr:`ran_out` is set and a new
+    permutation is drawn. Slices obey the rules of :class:`SliceSampler` (no slice crosses a trajectory
+    boundary, the ring-buffer wrap or an env column).
+
+    Stateful (``requires_shared_state = True``): the epoch permutation and the position in it would be
+    duplicated by a per-worker copy. Boundaries are always cached (keyed on the storage write revision); a
+    new epoch starts when the number of sampleable trajectories changes.
+
+    Keyword Args:
+        num_slices (int, optional): slices (trajectories) per batch; exactly one of ``num_slices`` and
+            ``slice_len``.
+        slice_len (int, optional): steps per slice.
+        drop_last (bool): drop the last batch of an epoch when fewer than ``num_slices`` trajectories are
+            left; ``False`` returns it with fewer slices. Defaults to ``False``.
+        end_key, traj_key, ends, trajectories, truncated_key, strict_length: as in :class:`SliceSampler`.
+        shuffle (bool): ``False`` visits trajectories in storage order (oldest first). Defaults to ``True``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage
+        >>> from torchrl.data.replay_buffers.samplers.slice_without_replacement import (
+        ...     SliceSamplerWithoutReplacement,
+        ... )
+        >>> storage = LazyTensorStorage(100)
+        >>> episode = torch.arange(60) // 10  # 6 trajectories of 10 steps
+        >>> storage.set(torch.arange(60), TensorDict(episode=episode, batch_size=[60]))
+        >>> sampler = SliceSamplerWithoutReplacement(num_slices=2, traj_key="episode")
+        >>> seen = []
+        >>> while not sampler.ran_out:
+        ...     index, _ = sampler.sample(storage, 8)
+        ...     seen += storage.get(index)["episode"][::4].tolist()
+        >>> sorted(seen)
+        [0, 1, 2, 3, 4, 5]
+    """
+
+    requires_shared_state = True
+
+    def __init__(
+        self,
+        *,
+        num_slices: int | None = None,
+        slice_len: int | None = None,
+        drop_last: bool = False,
+        end_key: NestedKey | None = None,
+        traj_key: NestedKey | None = None,
+        ends: torch.Tensor | None = None,
+        trajectories: torch.Tensor | None = None,
+        truncated_key: NestedKey | None = ("next", "truncated"),
+        strict_length: bool = True,
+        shuffle: bool = True,
+    ):
+        SliceSampler.__init__(
+            self,
+            num_slices=num_slices,
+            slice_len=slice_len,
+            end_key=end_key,
+            traj_key=traj_key,
+            ends=ends,
+            trajectories=trajectories,
+            cache_values=True,
+            truncated_key=truncated_key,
+            strict_length=strict_length,
+        )
+        SamplerWithoutReplacement.__init__(self, drop_last=drop_last, shuffle=shuffle)
+
+    def _draw_trajectories(self, elig: _Eligible, num_slices: int) -> torch.Tensor:
+        n = elig.starts.numel()
+        if self.drop_last and n < num_slices:
+            raise ValueError(
+                f"The storage holds {n} trajectories that can give a slice, fewer than the {num_slices} slices "
+                f"of a batch, and `drop_last`=True drops every batch. Lower `num_slices` (or the batch size) "
+                f"or pass drop_last=False."
+            )
+        if self._perm is None or self._len_storage != n:
+            self._new_epoch(n)
+        self._ran_out = False
+        chosen = self._perm[self._pos : self._pos + num_slices]
+        self._pos += chosen.numel()
+        remaining = n - self._pos
+        if remaining == 0 or (self.drop_last and remaining < num_slices):
+            self._ran_out = True
+            self._new_epoch(n)
+        return chosen.to(elig.starts.device)
+
+    def _empty(self) -> None:
+        SliceSampler._empty(self)
+        SamplerWithoutReplacement._empty(self)
+
+    def __repr__(self) -> str:
+        return f"{SliceSampler.__repr__(self)[:-1]}, drop_last={self.drop_last}, shuffle={self.shuffle})"

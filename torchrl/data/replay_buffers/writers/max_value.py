@@ -1,0 +1,328 @@
+"""A writer that keeps the ``k`` items of highest rank: :class:`TensorDictMaxValueWriter`.
+
+Data model: the writer keeps one rank per storage slot (``float64``, slot order) next to a fill cursor and a
+write count. ``k`` is the storage capacity. While the storage is not full, items go to the next free slot;
+once it is full, an item replaces the item of lowest rank only if its own rank is strictly larger.
+
+A batch is decided at once, with no Python loop over items, and the result equals writing its items one by
+one and keeping what survives (items that enter and are pushed out again by a later item of the same batch
+count as not inserted):
+
+1. while ``n`` new items fit in the free slots, they take them in order;
+2. otherwise ``drop = n - free`` candidates must go. They are among the ``drop`` weakest stored items
+   (:func:`torch.topk`, O(k)) and the ``n`` new items, so only that pool of at most ``2n`` ranks is sorted.
+   Ties go to the incumbent: a stored item beats a new item of equal rank, and an earlier item of the batch
+   beats a later one (one stable sort over the pool laid out as ``[new items, latest first; stored items]``).
+3. the new items that survive fill the free slots, then the slots of the stored items that were dropped.
+
+So after any sequence of writes the stored ranks are exactly the ``k`` largest ranks written so far.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from torchrl.data.replay_buffers._shared import SharedCounters
+from torchrl.data.replay_buffers.writers.base import Writer
+
+_REDUCTIONS = ("max", "min", "mean", "median", "sum")
+_UNBOUNDED = torch.iinfo(torch.int64).max
+
+
+def _check_rank_key(rank_key):
+    if rank_key is None:
+        return ("next", "reward")
+    if isinstance(rank_key, str):
+        return rank_key
+    if isinstance(rank_key, tuple) and rank_key and all(isinstance(k, str) for k in rank_key):
+        return rank_key
+    raise TypeError(
+        f"`rank_key` must be a key of the written TensorDicts (a str or a tuple of str), got {rank_key!r}. "
+        f"Pass e.g. rank_key=('next', 'reward')."
+    )
+
+
+def _reduce(flat: torch.Tensor, reduction: str) -> torch.Tensor:
+    """Reduces ``[N, M]`` ranks to ``[N]``."""
+    if reduction == "max":
+        return flat.amax(-1)
+    if reduction == "min":
+        return flat.amin(-1)
+    if reduction == "mean":
+        return flat.mean(-1)
+    if reduction == "median":
+        return flat.median(-1).values
+    return flat.sum(-1)
+
+
+class TensorDictMaxValueWriter(Writer):
+    """Keeps the ``k`` items of highest rank, where ``k`` is the storage capacity.
+
+    Useful to hold the best episodes or transitions seen so far (e.g. for self-imitation): each written
+    TensorDict is ranked by the entry ``rank_key``, reduced to one number per item by ``reduction``. While the
+    storage has free slots every item is written; once it is full an item replaces the stored item of lowest
+    rank only if its rank is strictly larger (ties keep the item already stored). See the module docstring
+    for how a batch is decided.
+
+    Like :class:`~torchrl.data.TensorDictRoundRobinWriter`, the writer sets the ``"index"`` entry of the
+    written TensorDict in place: the slot of each item, or ``-1`` for an item that was not inserted.
+
+    Args:
+        rank_key (NestedKey, optional): the entry that ranks items. Defaults to ``("next", "reward")``.
+        reduction (str): how an item's rank entry is reduced to one number when it holds several values
+            (e.g. a reward per step): ``"max"``, ``"min"``, ``"mean"``, ``"median"`` or ``"sum"``. Defaults to
+            ``"sum"``.
+
+    .. note:: Only 1-D storages with a finite capacity are supported (``register_storage`` raises otherwise).
+        The fill cursor and the write count live in shared memory like :class:`RoundRobinWriter`'s, and so
+        do the ranks, but decisions are not synchronized across processes: write from one process.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, TensorDictMaxValueWriter
+        >>> writer = TensorDictMaxValueWriter(rank_key="score")
+        >>> writer.register_storage(LazyTensorStorage(3))
+        >>> writer.extend(TensorDict(score=torch.tensor([1.0, 5.0, 2.0, 4.0, 0.0]), batch_size=[5]))
+        tensor([ 0,  1,  2, -1, -1])
+        >>> writer.ranks
+        tensor([4., 5., 2.], dtype=torch.float64)
+        >>> writer.add(TensorDict(score=torch.tensor(3.0))), writer.add(TensorDict(score=torch.tensor(1.0)))
+        (2, None)
+    """
+
+    def __init__(self, rank_key=None, reduction: str = "sum") -> None:
+        if reduction not in _REDUCTIONS:
+            raise ValueError(f"`reduction` must be one of {list(_REDUCTIONS)}, got {reduction!r}.")
+        self._rank_key = _check_rank_key(rank_key)
+        self._reduction = reduction
+        self._counters = SharedCounters(("cursor", "write_count"))
+        self._ranks: torch.Tensor | None = None  # [capacity] float64, shared memory
+
+    # -- properties ---------------------------------------------------------------------------------------------
+    @property
+    def rank_key(self):
+        """The entry that ranks items."""
+        return self._rank_key
+
+    @property
+    def reduction(self) -> str:
+        """How a rank entry is reduced to one number per item."""
+        return self._reduction
+
+    @property
+    def cursor(self) -> int:
+        """The number of filled slots (the next free slot while the storage is not full)."""
+        return self._counters["cursor"]
+
+    @property
+    def write_count(self) -> int:
+        """The number of items offered to the writer (inserted or not) since creation or ``empty()``."""
+        return self._counters["write_count"]
+
+    @property
+    def ranks(self) -> torch.Tensor:
+        """A copy of the rank of the item in each filled slot, in slot order."""
+        if self._ranks is None:
+            return torch.zeros((0,), dtype=torch.float64)
+        return self._ranks[: self.cursor].clone()
+
+    # -- storage ------------------------------------------------------------------------------------------------
+    def register_storage(self, storage) -> None:
+        """Sets the storage; it must be 1-D with a finite capacity (its ``max_size`` is ``k``)."""
+        if storage.ndim > 1:
+            raise ValueError(
+                f"TensorDictMaxValueWriter needs a 1-D storage; got {type(storage).__name__} with "
+                f"ndim={storage.ndim}. Build the storage with ndim=1, or use storage.flatten()."
+            )
+        capacity = storage.max_size
+        if capacity >= _UNBOUNDED:
+            raise ValueError(
+                f"TensorDictMaxValueWriter keeps the top-k items of a storage of capacity k; got "
+                f"{type(storage).__name__} with unbounded capacity. Pass a max_size (e.g. ListStorage(100))."
+            )
+        if self._ranks is None or self._ranks.numel() != capacity:
+            if self.cursor:
+                raise ValueError(
+                    f"This writer holds {self.cursor} ranks for a storage of capacity {self._ranks.numel()}; "
+                    f"got a storage of capacity {capacity}. Register a storage of capacity "
+                    f"{self._ranks.numel()}, or empty the writer first."
+                )
+            self._ranks = _new_ranks(capacity)
+        self._storage = storage
+
+    def _capacity(self) -> int:
+        self._require_storage()
+        return self._ranks.numel()
+
+    # -- ranks --------------------------------------------------------------------------------------------------
+    def _ranks_of(self, data, batched: bool) -> torch.Tensor:
+        """One float64 rank per item (``[N]`` for a batch, ``[1]`` for one item)."""
+        if not isinstance(data, TensorDictBase):
+            raise TypeError(
+                f"TensorDictMaxValueWriter writes TensorDicts, got {type(data).__name__}. Wrap the data in a "
+                f"TensorDict holding the `rank_key` entry {self._rank_key!r}, or use RoundRobinWriter."
+            )
+        if batched and not data.batch_dims:
+            raise ValueError(
+                "extend() takes a batch whose first dim indexes items; got a TensorDict with no batch dim. Use "
+                "add() to write one item, or give the data a batch dim (e.g. data.unsqueeze(0))."
+            )
+        value = data.get(self._rank_key, None)
+        if value is None:
+            keys = sorted(map(str, data.keys(include_nested=True, leaves_only=True)))
+            raise KeyError(
+                f"The `rank_key` entry {self._rank_key!r} is not in the data written (its keys: {keys}). Write "
+                f"data holding it, or build the writer with rank_key=<the entry that ranks items>."
+            )
+        if not isinstance(value, torch.Tensor) or value.is_complex():
+            raise TypeError(
+                f"The `rank_key` entry {self._rank_key!r} must be a real tensor, got "
+                f"{getattr(value, 'dtype', type(value).__name__)}."
+            )
+        n = data.batch_size[0] if batched else 1
+        flat = value.detach().to(device="cpu", dtype=torch.float64).reshape(n, -1)
+        if flat.shape[1] == 0:
+            raise ValueError(f"The `rank_key` entry {self._rank_key!r} is empty: each item needs a rank.")
+        ranks = _reduce(flat, self._reduction)
+        if torch.isnan(ranks).any():
+            raise ValueError(
+                f"The `rank_key` entry {self._rank_key!r} holds NaN ranks, which cannot be ordered. Replace them "
+                f"(e.g. with -inf) before writing."
+            )
+        return ranks
+
+    def _decide(self, ranks: torch.Tensor):
+        """Where each of ``ranks`` goes, without changing state.
+
+        Returns ``(index, slots, winners)``: ``index[i]`` is item ``i``'s slot or ``-1``; ``slots[j]`` is the
+        slot of item ``winners[j]`` (winners in batch order).
+        """
+        n = ranks.numel()
+        capacity = self._capacity()
+        cursor = self.cursor
+        free = capacity - cursor
+        if n <= free:
+            slots = torch.arange(cursor, cursor + n)
+            return slots, slots, torch.arange(n)
+        drop = n - free
+        stored = self._ranks[:cursor]
+        m = min(drop, cursor)
+        weakest = torch.topk(stored, m, largest=False, sorted=False).indices if m else stored.new_zeros(0).long()
+        pool = torch.cat([ranks.flip(0), stored[weakest]])
+        dropped = torch.sort(pool, stable=True).indices[:drop]
+        keep = torch.ones(n + m, dtype=torch.bool)
+        keep[dropped] = False
+        winners = keep[:n].flip(0).nonzero().squeeze(-1)
+        slots = torch.cat([torch.arange(cursor, capacity), weakest[~keep[n:]]])
+        index = torch.full((n,), -1, dtype=torch.long)
+        index[winners] = slots
+        return index, slots, winners
+
+    def _commit(self, ranks: torch.Tensor, slots: torch.Tensor, winners: torch.Tensor, n: int) -> None:
+        if slots.numel():
+            self._ranks[slots] = ranks[winners]
+            self._counters["cursor"] = min(self._capacity(), self.cursor + n)
+        self._counters["write_count"] += n
+
+    # -- writes -------------------------------------------------------------------------------------------------
+    def add(self, data) -> int | None:
+        """Writes one TensorDict if it ranks among the top ``k``; returns its slot, or ``None``."""
+        storage = self._require_storage()
+        ranks = self._ranks_of(data, batched=False)
+        index, slots, winners = self._decide(ranks)
+        slot = int(index[0])
+        _set_index(data, torch.tensor(slot))
+        if slot >= 0:
+            storage.set(slot, data)
+        self._commit(ranks, slots, winners, 1)
+        if slot < 0:
+            return None
+        storage.mark_update(slot)
+        return slot
+
+    def extend(self, data) -> torch.Tensor:
+        """Writes the items of a batch that rank among the top ``k``.
+
+        Returns:
+            A ``[N]`` long tensor: the slot of each item, or ``-1`` for items not inserted.
+        """
+        storage = self._require_storage()
+        ranks = self._ranks_of(data, batched=True)
+        n = ranks.numel()
+        if n == 0:
+            return torch.zeros((0,), dtype=torch.long)
+        index, slots, winners = self._decide(ranks)
+        _set_index(data, index)
+        if slots.numel():
+            storage.set(slots, data if winners.numel() == n else data[winners])
+        self._commit(ranks, slots, winners, n)
+        if slots.numel():
+            storage.mark_update(slots)
+        return index
+
+    def _empty(self, empty_write_count: bool = True) -> None:
+        self._counters["cursor"] = 0
+        if self._ranks is not None:
+            self._ranks.fill_(float("-inf"))
+        if empty_write_count:
+            self._counters["write_count"] = 0
+
+    # -- state --------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "_cursor": self.cursor,
+            "_write_count": self.write_count,
+            "_capacity": None if self._ranks is None else self._ranks.numel(),
+            "_ranks": self.ranks,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        missing = [k for k in ("_cursor", "_ranks", "_capacity") if k not in state_dict]
+        if missing:
+            raise KeyError(
+                f"The writer state_dict lacks {missing}: pass what TensorDictMaxValueWriter.state_dict() returns."
+            )
+        cursor = int(state_dict["_cursor"])
+        ranks = torch.as_tensor(state_dict["_ranks"], dtype=torch.float64).reshape(-1)
+        capacity = state_dict["_capacity"]
+        capacity = cursor if capacity is None else int(capacity)
+        if ranks.numel() != cursor or cursor > capacity:
+            raise ValueError(
+                f"Inconsistent writer state: `_cursor`={cursor}, {ranks.numel()} ranks, `_capacity`={capacity}."
+            )
+        if capacity and self._ranks is not None and self._ranks.numel() != capacity:
+            if self._storage is not None:
+                raise ValueError(
+                    f"The state was saved for a storage of capacity {capacity}; this writer's storage has "
+                    f"capacity {self._ranks.numel()}. Load it into a writer whose storage has that capacity."
+                )
+            self._ranks = None
+        if capacity and self._ranks is None:
+            self._ranks = _new_ranks(capacity)
+        if self._ranks is not None:
+            self._ranks.fill_(float("-inf"))
+            self._ranks[:cursor] = ranks
+        self._counters["cursor"] = cursor
+        self._counters["write_count"] = int(state_dict.get("_write_count", 0))
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(rank_key={self._rank_key!r}, reduction={self._reduction!r}, "
+            f"cursor={self.cursor}, write_count={self.write_count})"
+        )
+
+
+def _new_ranks(capacity: int) -> torch.Tensor:
+    return torch.full((capacity,), float("-inf"), dtype=torch.float64).share_memory_()
+
+
+def _set_index(data: TensorDictBase, index: torch.Tensor) -> None:
+    """Writes the slot of each item (``-1`` if not inserted) in the ``"index"`` entry, over all batch dims."""
+    index = index.to(device=data.device) if data.device is not None else index
+    if data.batch_dims > index.ndim:
+        index = index.reshape(*index.shape, *([1] * (data.batch_dims - index.ndim)))
+    data.set("index", index.expand(data.batch_size).clone())
