@@ -18,12 +18,12 @@ import sys
 from collections.abc import Sequence
 
 from torchrl.render._rollout import (
+    GifRecorder,
     RenderError,
     check_compatible,
     make_env,
     play_episode,
     require_pillow,
-    write_gif,
 )
 from torchrl.render.checkpoint import CheckpointFormatError, load_policy_checkpoint
 
@@ -100,22 +100,23 @@ def _run(args: argparse.Namespace) -> None:
         check_compatible(env, ckpt.policy, env_id)
         print(f"{PROG}: playing {ckpt.path} ({type(ckpt.policy).__name__}) in {env_id}", flush=True)
         returns = []
-        frames = []
+        recorder = GifRecorder() if args.gif is not None else None
         for i in range(args.episodes):
-            record = args.gif is not None and i == 0
             episode = play_episode(
-                env, ckpt.policy, seed=args.seed + i, max_steps=args.max_steps, record=record
+                env,
+                ckpt.policy,
+                seed=args.seed + i,
+                max_steps=args.max_steps,
+                recorder=recorder if i == 0 else None,  # the GIF shows the first episode
             )
-            if i == 0:
-                frames = episode.frames
             returns.append(episode.episode_return)
             print(f"episode {i + 1}: return {episode.episode_return:.1f} ({episode.steps} steps)", flush=True)
         mean = sum(returns) / len(returns)
         print(f"mean return over {len(returns)} episode(s): {mean:.1f}")
         if args.gif is not None:
             fps = args.fps or float((getattr(env, "metadata", None) or {}).get("render_fps") or 30)
-            path = write_gif(args.gif, frames, fps=fps)
-            print(f"wrote {path} ({len(frames)} frames)")
+            path = recorder.save(args.gif, fps=fps)
+            print(f"wrote {path} ({len(recorder)} frames)")
     finally:
         env.close()
 
