@@ -2,7 +2,13 @@
 
 from torchrl.data.replay_buffers._collate import tensordict_collate
 from torchrl.data.replay_buffers.replay_buffers import ReplayBuffer, TensorDictReplayBuffer
-from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler, SamplerWithoutReplacement
+from torchrl.data.replay_buffers.samplers import (
+    RandomSampler,
+    Sampler,
+    SamplerWithoutReplacement,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+)
 from torchrl.data.replay_buffers.storages import (
     LazyMemmapStorage,
     LazyTensorStorage,
@@ -28,6 +34,8 @@ __all__ = [
     "Sampler",
     "RandomSampler",
     "SamplerWithoutReplacement",
+    "SliceSampler",
+    "SliceSamplerWithoutReplacement",
     "Writer",
     "RoundRobinWriter",
     "TensorDictRoundRobinWriter",

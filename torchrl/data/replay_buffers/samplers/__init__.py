@@ -2,8 +2,16 @@
 
 from torchrl.data.replay_buffers.samplers.base import Sampler
 from torchrl.data.replay_buffers.samplers.random import RandomSampler, SamplerWithoutReplacement
+from torchrl.data.replay_buffers.samplers.slice import SliceSampler
+from torchrl.data.replay_buffers.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
 
-__all__ = ["Sampler", "RandomSampler", "SamplerWithoutReplacement"]
+__all__ = [
+    "Sampler",
+    "RandomSampler",
+    "SamplerWithoutReplacement",
+    "SliceSampler",
+    "SliceSamplerWithoutReplacement",
+]
 
-for _cls in (Sampler, RandomSampler, SamplerWithoutReplacement):
+for _cls in (Sampler, RandomSampler, SamplerWithoutReplacement, SliceSampler, SliceSamplerWithoutReplacement):
     _cls.__module__ = __name__

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
@@ -69,7 +70,7 @@ class TrajectoryIndex:
         return (row, col), cell
 
 
-# -- reading a column -------------------------------------------------------------------------------------------
+# -- reading a column ----------------------------------------------------------------------------------------
 def _get_nested(item, key):
     if isinstance(item, TensorDictBase) or is_tensorclass(item):
         return item.get(key)
@@ -111,7 +112,8 @@ def read_column(storage, key, n_rows: int) -> torch.Tensor:
     if not isinstance(data, TensorDictBase):
         raise RuntimeError(
             f"Cannot read the entry {key!r} from a {type(storage).__name__} whose items are "
-            f"{type(data).__name__}: store TensorDicts, or pass `ends=`/`trajectories=` (with cache_values=True)."
+            f"{type(data).__name__}: store TensorDicts, or pass `ends=`/`trajectories=` (with "
+            f"cache_values=True)."
         )
     return data.get(key)[:n_rows]
 
@@ -139,7 +141,7 @@ def as_step_values(column: torch.Tensor, n_rows: int, n_cols: int, *, name: str,
     return column.reshape(n_rows, n_cols, -1).any(-1)
 
 
-# -- boundaries --------------------------------------------------------------------------------------------------
+# -- boundaries ----------------------------------------------------------------------------------------------
 def ring_layout(storage) -> tuple[int, int, int, int]:
     """``(n_rows, n_cols, offset, last_row)`` of a storage's filled part (see the module docstring)."""
     n_rows = storage._rows_written()
@@ -147,8 +149,8 @@ def ring_layout(storage) -> tuple[int, int, int, int]:
     if storage.ndim > 1:
         if storage.ndim > 2:
             raise ValueError(
-                f"Slice samplers handle storages with ndim=1 or ndim=2 ([time, envs]); got ndim={storage.ndim}. "
-                f"Flatten the env dims into one before storing."
+                f"Slice samplers handle storages with ndim=1 or ndim=2 ([time, envs]); got "
+                f"ndim={storage.ndim}. Flatten the env dims into one before storing."
             )
         n_cols = int(storage.shape[1])
     counters = getattr(storage, "_counters", None)
@@ -158,6 +160,29 @@ def ring_layout(storage) -> tuple[int, int, int, int]:
     full = storage._is_full
     offset = (last_row + 1) % n_rows if full and n_rows else 0
     return n_rows, n_cols, offset, last_row
+
+
+def _as_numpy(values: torch.Tensor):
+    """A numpy view of a CPU tensor, or the tensor itself for dtypes numpy lacks (bfloat16, ...)."""
+    try:
+        return values.detach().numpy()
+    except TypeError:
+        return values
+
+
+def _nonzero_2d(mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(row, col)`` of the True entries of a 2-D mask (a tensor, or a numpy array for CPU data), row-major.
+
+    numpy's ``flatnonzero`` is ~20x faster than ``torch.nonzero`` on CPU for sparse masks of 1M entries.
+    """
+    if isinstance(mask, np.ndarray):
+        flat = torch.from_numpy(np.flatnonzero(mask))
+        width = mask.shape[1]
+        if mask.shape[0] == 1:
+            return torch.zeros_like(flat), flat
+        return torch.div(flat, width, rounding_mode="floor"), flat.remainder(width)
+    rc = mask.nonzero()
+    return rc[:, 0], rc[:, 1]
 
 
 def find_trajectories(
@@ -173,24 +198,27 @@ def find_trajectories(
     """
     device = values.device
     n = n_rows
+    data = _as_numpy(values) if device.type == "cpu" else values
     if is_done:
-        flags = values if values.dtype == torch.bool else values.bool()
-        ends_rc = flags.t().nonzero()  # [K, 2] (col, row), sorted by column then row
+        flags = data if data.dtype in (np.bool_, torch.bool) else data != 0
+        col, row = _nonzero_2d(flags.T)  # by column, then row
     else:
-        change = values[:-1] != values[1:]  # [n-1, n_cols]: row r ends a run when its id differs from r+1's
-        ends_rc = change.t().nonzero()
-        if offset:  # the last row is followed (in time) by row 0
-            wrap = (values[-1] != values[0]).nonzero().squeeze(-1)
-            ends_rc = torch.cat([ends_rc, torch.stack([wrap, torch.full_like(wrap, n - 1)], -1)])
-    cols = torch.arange(n_cols, device=device)
+        change = data[:-1] != data[1:]  # [n-1, n_cols]: row r ends a run when its id differs from r+1's
+        col, row = _nonzero_2d(change.T)
+    col, row = col.to(device), row.to(device)
+    extra_rows, extra_cols = [], []
+    if not is_done and offset:  # the last row is followed (in time) by row 0
+        wrap = torch.as_tensor(data[-1] != data[0]).to(device).nonzero().squeeze(-1)
+        extra_rows.append(torch.full_like(wrap, n - 1))
+        extra_cols.append(wrap)
     # every stream ends at its newest row (last_row, which is unrolled position n - 1 when rotating)
-    forced_rows = [last_row] if offset else [last_row, n - 1]
-    forced = torch.stack(
-        [cols.repeat(len(forced_rows)), torch.tensor(forced_rows, device=device).repeat_interleave(n_cols)], -1
-    )
-    ends_rc = torch.cat([ends_rc, forced])
-    col, row = ends_rc.unbind(-1)
-    unrolled = row if offset == 0 else (row - offset).remainder(n)
+    cols = torch.arange(n_cols, device=device)
+    for forced in [last_row] if offset else [last_row, n - 1]:
+        extra_rows.append(torch.full_like(cols, forced))
+        extra_cols.append(cols)
+    col = torch.cat([col, *extra_cols])
+    row = torch.cat([row, *extra_rows])
+    unrolled = row if offset == 0 else (row - offset).remainder_(n)
     ends = torch.unique(col * n + unrolled)  # sorted, duplicates removed
     starts = torch.empty_like(ends)
     starts[0] = 0

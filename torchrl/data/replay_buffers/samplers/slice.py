@@ -31,6 +31,7 @@ _DONE_KEY = ("next", "done")
 _TERMINATED_KEY = ("next", "terminated")
 _MASK_KEY = ("collector", "mask")
 _PROBED_TRAJ_KEYS = (("collector", "traj_ids"), "episode")
+_BELOW_ONE = 1.0 - 2.0**-52  # floor(u * n * _BELOW_ONE) < n for every float64 u in [0, 1)
 
 
 @dataclass
@@ -46,6 +47,8 @@ class _Eligible:
     lengths: torch.Tensor
     low: int
     count: torch.Tensor
+    count_float: torch.Tensor  # count, as float64 shrunk by 2**-52 so that floor(u * count_float) < count
+    n_float: float  # number of trajectories, shrunk the same way
 
 
 @dataclass
@@ -54,9 +57,10 @@ class _Boundaries:
 
     key: tuple
     index: TrajectoryIndex
-    done: torch.Tensor | None  # per-cell stored done flags (row-major cells), or None
+    done: torch.Tensor | None  # [cells, 1] stored done flags (row-major cells), or None
     terminated: torch.Tensor | None
     eligible: dict[int, _Eligible] = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # what subclasses derive from the boundaries
 
 
 def _check_positive_int(value, name: str) -> int:
@@ -84,7 +88,9 @@ def _normalize_span(span) -> tuple[bool | int, bool | int]:
 
 def _check_static(values, name: str) -> torch.Tensor:
     if not isinstance(values, torch.Tensor):
-        raise TypeError(f"`{name}` must be a torch.Tensor with one value per stored step, got {type(values)}.")
+        raise TypeError(
+            f"`{name}` must be a torch.Tensor with one value per stored step, got {type(values).__name__}."
+        )
     if values.ndim not in (1, 2):
         raise ValueError(
             f"`{name}` must be 1-D ([steps]) or 2-D ([time, envs] for ndim=2 storages), got shape "
@@ -116,7 +122,8 @@ class SliceSampler(Sampler):
             consecutive steps with the same id. Takes precedence over ``end_key`` when both are stored.
             Defaults to ``None``.
         ends (Tensor, optional): static done flags, one per stored step in storage order, for data that is
-            not written any more. Needs ``cache_values=True``; excludes the key arguments. Defaults to ``None``.
+            not written any more. Needs ``cache_values=True``; excludes the key arguments.
+            Defaults to ``None``.
         trajectories (Tensor, optional): static trajectory ids, as ``ends``. Defaults to ``None``.
         cache_values (bool): keep the trajectory boundaries between calls, until the storage is written again
             (keyed on the storage's write revision). Defaults to ``False``.
@@ -154,7 +161,8 @@ class SliceSampler(Sampler):
         >>> from torchrl.data.replay_buffers.samplers.slice import SliceSampler
         >>> storage = LazyTensorStorage(100)
         >>> episode = torch.arange(40) // 10  # 4 trajectories of 10 steps
-        >>> storage.set(torch.arange(40), TensorDict(episode=episode, obs=torch.randn(40, 3), batch_size=[40]))
+        >>> data = TensorDict(episode=episode, obs=torch.randn(40, 3), batch_size=[40])
+        >>> storage.set(torch.arange(40), data)
         >>> sampler = SliceSampler(slice_len=5, traj_key="episode")
         >>> index, info = sampler.sample(storage, 20)
         >>> data = storage.get(index)
@@ -219,8 +227,9 @@ class SliceSampler(Sampler):
         self.pad_output = bool(pad_output)
         self.span = _normalize_span(span)
         self._cache: _Boundaries | None = None
+        self._templates: dict = {}
 
-    # -- batch layout ------------------------------------------------------------------------------------------
+    # -- batch layout ----------------------------------------------------------------------------------------
     def _slice_shape(self, batch_size: int) -> tuple[int, int]:
         """``(num_slices, slice_len)`` for a batch."""
         if self.num_slices is not None:
@@ -241,7 +250,7 @@ class SliceSampler(Sampler):
         cap = slice_len - 1
         return tuple(cap if s is True else 0 if s is False else min(s, cap) for s in self.span)
 
-    # -- boundaries --------------------------------------------------------------------------------------------
+    # -- boundaries ------------------------------------------------------------------------------------------
     @staticmethod
     def _cache_key(storage) -> tuple:
         counters = getattr(storage, "_counters", None)
@@ -283,8 +292,8 @@ class SliceSampler(Sampler):
             )
         given = [f"{name}={key!r}" for name, key in (("traj_key", self.traj_key), ("end_key", self.end_key))]
         raise RuntimeError(
-            f"The storage has no entry {' nor '.join(given)} to find trajectories from. Pass the key of a stored "
-            f"entry (`traj_key` for per-step trajectory ids, `end_key` for per-step done flags)."
+            f"The storage has no entry {' nor '.join(given)} to find trajectories from. Pass the key of a "
+            f"stored entry (`traj_key` for per-step trajectory ids, `end_key` for per-step done flags)."
         )
 
     def _find_boundaries(self, storage, key: tuple) -> _Boundaries:
@@ -295,18 +304,16 @@ class SliceSampler(Sampler):
             values = as_step_values(source, n_rows, n_cols, name=name, reduce_any=False)
         else:
             what = "done flags" if is_done else "trajectory ids"
-            values = as_step_values(
-                read_column(storage, source, n_rows), n_rows, n_cols, name=f"{what} {source!r}", reduce_any=is_done
-            )
-        index = find_trajectories(
-            values, is_done=is_done, n_rows=n_rows, n_cols=n_cols, offset=offset, last_row=last_row, ndim=storage.ndim
-        )
+            column = read_column(storage, source, n_rows)
+            values = as_step_values(column, n_rows, n_cols, name=f"{what} {source!r}", reduce_any=is_done)
+        layout = {"n_rows": n_rows, "n_cols": n_cols, "offset": offset, "last_row": last_row}
+        index = find_trajectories(values, is_done=is_done, ndim=storage.ndim, **layout)
         done = terminated = None
         if self.truncated_key is not None:
             if has_key(storage, _DONE_KEY):
                 done = self._flags(storage, _DONE_KEY, n_rows, n_cols)
             elif is_done and not isinstance(source, torch.Tensor):
-                done = values.reshape(-1)
+                done = values.reshape(-1, 1) if values.dtype == torch.bool else values.reshape(-1, 1).bool()
             if has_key(storage, _TERMINATED_KEY):
                 terminated = self._flags(storage, _TERMINATED_KEY, n_rows, n_cols)
         return _Boundaries(key=key, index=index, done=done, terminated=terminated)
@@ -315,7 +322,7 @@ class SliceSampler(Sampler):
     def _flags(storage, key, n_rows: int, n_cols: int) -> torch.Tensor:
         column = read_column(storage, key, n_rows)
         flags = as_step_values(column, n_rows, n_cols, name=f"entry {key!r}", reduce_any=True)
-        return flags.reshape(-1) if flags.dtype == torch.bool else flags.reshape(-1).bool()
+        return flags.reshape(-1, 1) if flags.dtype == torch.bool else flags.reshape(-1, 1).bool()
 
     def _eligible(self, bounds: _Boundaries, slice_len: int) -> _Eligible:
         """The trajectories a slice of ``slice_len`` steps may come from (cached per length)."""
@@ -342,83 +349,119 @@ class SliceSampler(Sampler):
         high = lengths - slice_len + right
         if not self.strict_length:
             high = high.clamp_min(-left)
-        elig = _Eligible(traj=traj, starts=starts, lengths=lengths, low=-left, count=high + left + 1)
+        count = high + left + 1
+        elig = _Eligible(
+            traj=traj,
+            starts=starts,
+            lengths=lengths,
+            low=-left,
+            count=count,
+            count_float=count.double() * _BELOW_ONE,
+            n_float=starts.numel() * _BELOW_ONE,
+        )
         bounds.eligible[slice_len] = elig
         return elig
 
-    # -- drawing -----------------------------------------------------------------------------------------------
-    def _randint(self, high: int, size: int, device) -> torch.Tensor:
-        gen = self._rng
-        out = torch.randint(0, high, (size,), generator=gen, device=gen.device if gen is not None else device)
-        return out.to(device)
-
+    # -- drawing ---------------------------------------------------------------------------------------------
     def _uniform(self, size: int, device) -> torch.Tensor:
+        """``size`` float64 draws in ``[0, 1)`` from the sampler's generator (or torch's global one)."""
         gen = self._rng
-        out = torch.rand(size, generator=gen, dtype=torch.float64, device=gen.device if gen is not None else device)
-        return out.to(device)
+        if gen is None:
+            return torch.rand(size, dtype=torch.float64, device=device)
+        out = torch.rand(size, generator=gen, dtype=torch.float64, device=gen.device)
+        return out if out.device == device else out.to(device)
 
-    def _draw_trajectories(self, elig: _Eligible, num_slices: int) -> torch.Tensor:
-        """Positions in ``elig`` of the trajectories of the batch's slices (uniform, with replacement)."""
-        return self._randint(elig.starts.numel(), num_slices, elig.starts.device)
+    def _draw_slices(self, elig: _Eligible, num_slices: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(chosen, offsets)``: uniform trajectories (positions in ``elig``) and a uniform start in each.
 
-    def _slice_offsets(self, elig: _Eligible, chosen: torch.Tensor) -> torch.Tensor:
-        """A uniform start offset for each chosen trajectory, relative to its first step."""
-        count = elig.count[chosen]
-        draw = (self._uniform(chosen.numel(), count.device) * count).long()
-        return torch.minimum(draw, count - 1) + elig.low
+        One float64 draw per slice gives both: its integer part (scaled by the number of trajectories) picks
+        the trajectory, its fractional part the start offset.
+        """
+        draw = self._uniform(num_slices, elig.starts.device).mul_(elig.n_float)
+        chosen = draw.long()
+        return chosen, self._offsets(elig, chosen, draw.sub_(chosen))
+
+    @staticmethod
+    def _offsets(elig: _Eligible, chosen: torch.Tensor, frac: torch.Tensor) -> torch.Tensor:
+        """Start offsets (relative to each trajectory's first step) from uniform draws ``frac`` in [0, 1)."""
+        offsets = frac.mul_(elig.count_float.index_select(0, chosen)).long()
+        return offsets.add_(elig.low) if elig.low else offsets
+
+    def _steps(self, num_slices: int, slice_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``arange(slice_len)`` and the flat ``[B, 1]`` flag of the last step of each full slice (cached)."""
+        key = (num_slices, slice_len, device)
+        cached = self._templates.get(key)
+        if cached is None:
+            steps = torch.arange(slice_len, device=device)
+            last = (steps == slice_len - 1).repeat(num_slices).unsqueeze(-1)
+            cached = self._templates[key] = (steps, last)
+        return cached
 
     def sample(self, storage, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:
         batch_size = check_batch_size(batch_size)
         num_slices, slice_len = self._slice_shape(batch_size)
         bounds = self._boundaries(storage)
         elig = self._eligible(bounds, slice_len)
-        chosen = self._draw_trajectories(elig, num_slices)
-        offsets = self._slice_offsets(elig, chosen)
-        return self._build_slices(bounds, elig.starts[chosen], elig.lengths[chosen], offsets, slice_len)
+        chosen, offsets = self._draw_slices(elig, num_slices)
+        return self._build_slices(bounds, elig, chosen, offsets, slice_len)
 
     def _build_slices(
         self,
         bounds: _Boundaries,
-        traj_starts: torch.Tensor,
-        traj_lengths: torch.Tensor,
+        elig: _Eligible,
+        chosen: torch.Tensor,
         offsets: torch.Tensor,
         slice_len: int,
+        per_slice: dict | None = None,
     ) -> tuple[tuple[torch.Tensor, ...], dict]:
-        """Index and info of slices given their trajectories (flat start, length) and start offsets."""
-        steps = torch.arange(slice_len, device=offsets.device)
-        within = offsets.unsqueeze(-1) + steps  # [S, L] offsets inside each trajectory
-        may_leave = not self.strict_length or self.span != (False, False)
-        if may_leave:
-            last = (traj_lengths - 1).unsqueeze(-1)
-            clamped = torch.minimum(within.clamp_min(0), last)
+        """Index and info of slices given their trajectories (positions in ``elig``) and start offsets.
+
+        ``per_slice`` maps info keys to one value per slice, repeated on every step of the slice.
+        """
+        info: dict = {}
+        num_slices = chosen.numel()
+        steps, last = self._steps(num_slices, slice_len, chosen.device)
+        traj_starts = elig.starts.index_select(0, chosen)
+        real = None
+        if self.strict_length and self.span == (False, False):  # every slice lies inside its trajectory
+            flat = (traj_starts.add_(offsets).unsqueeze_(-1) + steps).view(-1)
+            truncated = last.clone()
+            for key, value in (per_slice or {}).items():
+                info[key] = value.repeat_interleave(slice_len)
+        else:
+            within = offsets.unsqueeze(-1) + steps  # [S, L] offsets inside each trajectory
+            last_step = elig.lengths.index_select(0, chosen).unsqueeze(-1) - 1
+            clamped = torch.minimum(within.clamp_min(0), last_step)
             real = clamped == within
             truncated = clamped == clamped[:, -1:]
-        else:
-            clamped = within
-            real = None
-            truncated = (steps == slice_len - 1).expand_as(within)
-        flat = clamped + traj_starts.unsqueeze(-1)
-        if real is not None and not self.pad_output and not self.strict_length:
-            flat, truncated = flat[real], truncated[real]
-        else:
-            flat, truncated = flat.reshape(-1), truncated.reshape(-1)
-        index, cells = bounds.index.storage_index(flat)
-        info: dict = {}
-        if self.truncated_key is not None:
+            flat = clamped.add_(traj_starts.unsqueeze(-1))
+            drop = not self.pad_output and not self.strict_length
+            for key, value in (per_slice or {}).items():
+                value = value.unsqueeze(-1).expand(-1, slice_len)
+                info[key] = value[real] if drop else value.reshape(-1)
+            if drop:
+                flat, truncated, real = flat[real], truncated[real], None
+            else:
+                flat, truncated = flat.view(-1), truncated.view(-1)
             truncated = truncated.unsqueeze(-1)
-            done = truncated if bounds.done is None else bounds.done[cells].unsqueeze(-1) | truncated
+        index, cells = bounds.index.storage_index(flat)
+        if self.truncated_key is not None:
+            if bounds.done is None:
+                done = truncated.clone()
+            else:
+                done = bounds.done.index_select(0, cells).logical_or_(truncated)
             if bounds.terminated is None:
                 terminated = torch.zeros_like(truncated)
             else:
-                terminated = bounds.terminated[cells].unsqueeze(-1)
+                terminated = bounds.terminated.index_select(0, cells)
             info[self.truncated_key] = truncated
             info[_DONE_KEY] = done
             info[_TERMINATED_KEY] = terminated
         if self.pad_output:
-            info[_MASK_KEY] = real.reshape(-1) if real is not None else torch.ones_like(flat, dtype=torch.bool)
+            info[_MASK_KEY] = real.view(-1) if real is not None else torch.ones_like(flat, dtype=torch.bool)
         return index, info
 
-    # -- notifications and state -------------------------------------------------------------------------------
+    # -- notifications and state -----------------------------------------------------------------------------
     def add(self, index) -> None:
         self._cache = None
 
@@ -437,7 +480,10 @@ class SliceSampler(Sampler):
         return state
 
     def __repr__(self) -> str:
-        size = f"num_slices={self.num_slices}" if self.num_slices is not None else f"slice_len={self.slice_len}"
+        if self.num_slices is not None:
+            size = f"num_slices={self.num_slices}"
+        else:
+            size = f"slice_len={self.slice_len}"
         source = (
             "static"
             if self._static is not None

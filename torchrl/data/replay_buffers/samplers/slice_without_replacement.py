@@ -80,13 +80,14 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         )
         SamplerWithoutReplacement.__init__(self, drop_last=drop_last, shuffle=shuffle)
 
-    def _draw_trajectories(self, elig: _Eligible, num_slices: int) -> torch.Tensor:
+    def _draw_slices(self, elig: _Eligible, num_slices: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next ``num_slices`` trajectories of the epoch, and a uniform start in each."""
         n = elig.starts.numel()
         if self.drop_last and n < num_slices:
             raise ValueError(
-                f"The storage holds {n} trajectories that can give a slice, fewer than the {num_slices} slices "
-                f"of a batch, and `drop_last`=True drops every batch. Lower `num_slices` (or the batch size) "
-                f"or pass drop_last=False."
+                f"The storage holds {n} trajectories that can give a slice, fewer than the {num_slices} "
+                f"slices of a batch, and `drop_last`=True drops every batch. Lower `num_slices` (or the "
+                f"batch size) or pass drop_last=False."
             )
         if self._perm is None or self._len_storage != n:
             self._new_epoch(n)
@@ -97,7 +98,8 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         if remaining == 0 or (self.drop_last and remaining < num_slices):
             self._ran_out = True
             self._new_epoch(n)
-        return chosen.to(elig.starts.device)
+        chosen = chosen.to(elig.starts.device)
+        return chosen, self._offsets(elig, chosen, self._uniform(chosen.numel(), chosen.device))
 
     def _empty(self) -> None:
         SliceSampler._empty(self)

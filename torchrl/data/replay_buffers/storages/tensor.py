@@ -168,11 +168,11 @@ class TensorStorage(Storage):
             td = self._encode_checked(data, batch=())
             for key in self._keys:
                 self._storage.get(key)[cursor].copy_(td.get(key), non_blocking=False)
-            top = cursor
+            top = last = cursor
         elif isinstance(cursor, tuple):
             td = self._codec.encode(data, batch_dims=0)
             self._storage[cursor] = td
-            top = rows - 1
+            top = last = rows - 1
         else:
             index = check_bounds(as_index_tensor(cursor, device=self._storage.device), rows, "cursor")
             td = self._encode_checked(data, batch=(index.numel(),))
@@ -182,12 +182,13 @@ class TensorStorage(Storage):
                 if src.dtype != dst.dtype or src.device != dst.device:
                     src = src.to(device=dst.device, dtype=dst.dtype)
                 dst.index_copy_(0, index, src)
-            top = int(index.max()) if index.numel() else -1
+            # the last row written is the newest (a wrapped write [8, 9, 0, 1] ends at row 1)
+            top, last = (int(index.max()), int(index[-1])) if index.numel() else (-1, -1)
         counters = self._counters
         if top + 1 > counters["rows"]:
             counters["rows"] = top + 1
-        if set_cursor:
-            counters["last_row"] = top
+        if set_cursor and last >= 0:
+            counters["last_row"] = last
         counters["revision"] += 1
 
     def _encode_checked(self, data, batch: tuple[int, ...]) -> TensorDictBase:
