@@ -1,10 +1,15 @@
 """Replay buffers: storages, samplers, writers and the buffers that combine them."""
 
 from torchrl.data.replay_buffers._collate import tensordict_collate
-from torchrl.data.replay_buffers.replay_buffers import ReplayBuffer, TensorDictReplayBuffer
+from torchrl.data.replay_buffers.replay_buffers import (
+    ReplayBuffer,
+    ReplayBufferEnsemble,
+    TensorDictReplayBuffer,
+)
 from torchrl.data.replay_buffers.samplers import (
     RandomSampler,
     Sampler,
+    SamplerEnsemble,
     SamplerWithoutReplacement,
     SliceSampler,
     SliceSamplerWithoutReplacement,
@@ -14,32 +19,40 @@ from torchrl.data.replay_buffers.storages import (
     LazyTensorStorage,
     ListStorage,
     Storage,
+    StorageEnsemble,
     TensorStorage,
 )
 from torchrl.data.replay_buffers.writers import (
     ImmutableDatasetWriter,
     RoundRobinWriter,
+    TensorDictMaxValueWriter,
     TensorDictRoundRobinWriter,
     Writer,
+    WriterEnsemble,
 )
 
 __all__ = [
     "ReplayBuffer",
     "TensorDictReplayBuffer",
+    "ReplayBufferEnsemble",
     "Storage",
     "ListStorage",
     "TensorStorage",
     "LazyTensorStorage",
     "LazyMemmapStorage",
+    "StorageEnsemble",
     "Sampler",
     "RandomSampler",
     "SamplerWithoutReplacement",
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
+    "SamplerEnsemble",
     "Writer",
     "RoundRobinWriter",
     "TensorDictRoundRobinWriter",
     "ImmutableDatasetWriter",
+    "TensorDictMaxValueWriter",
+    "WriterEnsemble",
     "tensordict_collate",
     "StorageDataset",
     "ReplayBufferDataset",

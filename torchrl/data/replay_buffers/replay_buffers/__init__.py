@@ -1,9 +1,10 @@
 """Replay buffers: storage + writer + sampler + transforms behind one object."""
 
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
+from torchrl.data.replay_buffers.replay_buffers.ensemble import ReplayBufferEnsemble
 from torchrl.data.replay_buffers.replay_buffers.tensordict import TensorDictReplayBuffer
 
-__all__ = ["ReplayBuffer", "TensorDictReplayBuffer"]
+__all__ = ["ReplayBuffer", "TensorDictReplayBuffer", "ReplayBufferEnsemble"]
 
-for _cls in (ReplayBuffer, TensorDictReplayBuffer):
+for _cls in (ReplayBuffer, TensorDictReplayBuffer, ReplayBufferEnsemble):
     _cls.__module__ = __name__

@@ -178,6 +178,11 @@ class ReplayBuffer:
         return self._writer
 
     @property
+    def collate_fn(self):
+        """The function that turns what ``storage.get`` returns into a batch."""
+        return self._collate_fn
+
+    @property
     def transform(self) -> Compose:
         return self._transform
 
@@ -217,7 +222,8 @@ class ReplayBuffer:
                 return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         with self._replay_lock:
             index = self._writer.add(data)
-            self._sampler.add(index)
+            if index is not None:  # None: a top-k writer rejected the item
+                self._sampler.add(index)
         return index
 
     def _inv_transform_item(self, data):

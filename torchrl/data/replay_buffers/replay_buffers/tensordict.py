@@ -6,6 +6,7 @@ import torch
 from tensordict import TensorDictBase
 
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
+from torchrl.data.replay_buffers.samplers.prioritized import PrioritizedSampler, reduce_priority
 from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter, Writer
 
 
@@ -19,24 +20,6 @@ def _info_value(value, like: TensorDictBase):
     while value.ndim < len(batch):
         value = value.unsqueeze(-1)
     return value
-
-
-def reduce_priority(priority: torch.Tensor, reduction: str, batch_dims: int) -> torch.Tensor:
-    """Reduces a priority tensor over the dims after the first ``batch_dims`` (one value per item)."""
-    if priority.ndim <= batch_dims:
-        return priority
-    flat = priority.reshape(*priority.shape[:batch_dims], -1)
-    if reduction == "max":
-        return flat.amax(-1)
-    if reduction == "min":
-        return flat.amin(-1)
-    if reduction == "sum":
-        return flat.sum(-1)
-    if reduction == "mean":
-        return flat.float().mean(-1)
-    if reduction == "median":
-        return flat.median(-1).values
-    raise ValueError(f"`reduction` must be one of 'max', 'min', 'sum', 'mean', 'median'; got {reduction!r}.")
 
 
 class TensorDictReplayBuffer(ReplayBuffer):
@@ -80,7 +63,8 @@ class TensorDictReplayBuffer(ReplayBuffer):
     def add(self, data):
         self._check_td(data, "add")
         index = super().add(data)
-        self._update_priority_from(data, index)
+        if index is not None:
+            self._update_priority_from(data, index)
         return index
 
     def extend(self, tensordicts, *, update_priority: bool | None = None) -> torch.Tensor:
@@ -91,13 +75,12 @@ class TensorDictReplayBuffer(ReplayBuffer):
         return index
 
     def _update_priority_from(self, data: TensorDictBase, index) -> None:
-        if not getattr(self._sampler, "_prioritized", False):
+        if not isinstance(self._sampler, PrioritizedSampler):
             return
         priority = data.get(self.priority_key, None)
         if priority is None:
             return
-        reduction = getattr(self._sampler, "reduction", "max")
-        priority = reduce_priority(priority, reduction, data.batch_dims)
+        priority = reduce_priority(priority, self._sampler.reduction, batch_dims=data.batch_dims)
         if self._dim_extend > 0:
             priority = priority.transpose(0, self._dim_extend)
         self.update_priority(index, priority.reshape(-1))
@@ -105,7 +88,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
     def update_tensordict_priority(self, data: TensorDictBase) -> None:
         """Reads ``data["index"]`` and ``data[priority_key]`` and updates the sampler's priorities."""
         self._check_td(data, "update_tensordict_priority")
-        if not getattr(self._sampler, "_prioritized", False):
+        if not isinstance(self._sampler, PrioritizedSampler):
             return
         index = data.get("index", None)
         if index is None:
@@ -116,8 +99,8 @@ class TensorDictReplayBuffer(ReplayBuffer):
         if priority is None:
             priority = torch.full(index.shape[:1], self._sampler.default_priority)
         else:
-            priority = reduce_priority(priority, getattr(self._sampler, "reduction", "max"), index.ndim
-                                       if self._storage.ndim == 1 else index.ndim - 1)
+            batch_dims = index.ndim if self._storage.ndim == 1 else index.ndim - 1
+            priority = reduce_priority(priority, self._sampler.reduction, batch_dims=batch_dims)
         self.update_priority(index, priority)
 
     def _sample(self, batch_size: int):

@@ -1,6 +1,7 @@
 """Samplers: how a replay buffer picks the indices of a batch."""
 
 from torchrl.data.replay_buffers.samplers.base import Sampler
+from torchrl.data.replay_buffers.samplers.ensemble import SamplerEnsemble
 from torchrl.data.replay_buffers.samplers.random import RandomSampler, SamplerWithoutReplacement
 from torchrl.data.replay_buffers.samplers.slice import SliceSampler
 from torchrl.data.replay_buffers.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
@@ -11,7 +12,15 @@ __all__ = [
     "SamplerWithoutReplacement",
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
+    "SamplerEnsemble",
 ]
 
-for _cls in (Sampler, RandomSampler, SamplerWithoutReplacement, SliceSampler, SliceSamplerWithoutReplacement):
+for _cls in (
+    Sampler,
+    RandomSampler,
+    SamplerWithoutReplacement,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+    SamplerEnsemble,
+):
     _cls.__module__ = __name__

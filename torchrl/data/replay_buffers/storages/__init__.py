@@ -1,11 +1,12 @@
 """Storages: where a replay buffer keeps its data."""
 
 from torchrl.data.replay_buffers.storages.base import Storage
+from torchrl.data.replay_buffers.storages.ensemble import StorageEnsemble
 from torchrl.data.replay_buffers.storages.list import ListStorage
 from torchrl.data.replay_buffers.storages.memmap import LazyMemmapStorage
 from torchrl.data.replay_buffers.storages.tensor import LazyTensorStorage, TensorStorage
 
-__all__ = ["Storage", "ListStorage", "TensorStorage", "LazyTensorStorage", "LazyMemmapStorage"]
+__all__ = ["Storage", "ListStorage", "TensorStorage", "LazyTensorStorage", "LazyMemmapStorage", "StorageEnsemble"]
 
-for _cls in (Storage, ListStorage, TensorStorage, LazyTensorStorage, LazyMemmapStorage):
+for _cls in (Storage, ListStorage, TensorStorage, LazyTensorStorage, LazyMemmapStorage, StorageEnsemble):
     _cls.__module__ = __name__

@@ -1,9 +1,25 @@
 """Writers: where a replay buffer puts new data."""
 
 from torchrl.data.replay_buffers.writers.base import ImmutableDatasetWriter, Writer
+from torchrl.data.replay_buffers.writers.ensemble import WriterEnsemble
+from torchrl.data.replay_buffers.writers.max_value import TensorDictMaxValueWriter
 from torchrl.data.replay_buffers.writers.round_robin import RoundRobinWriter, TensorDictRoundRobinWriter
 
-__all__ = ["Writer", "ImmutableDatasetWriter", "RoundRobinWriter", "TensorDictRoundRobinWriter"]
+__all__ = [
+    "Writer",
+    "ImmutableDatasetWriter",
+    "RoundRobinWriter",
+    "TensorDictRoundRobinWriter",
+    "TensorDictMaxValueWriter",
+    "WriterEnsemble",
+]
 
-for _cls in (Writer, ImmutableDatasetWriter, RoundRobinWriter, TensorDictRoundRobinWriter):
+for _cls in (
+    Writer,
+    ImmutableDatasetWriter,
+    RoundRobinWriter,
+    TensorDictRoundRobinWriter,
+    TensorDictMaxValueWriter,
+    WriterEnsemble,
+):
     _cls.__module__ = __name__

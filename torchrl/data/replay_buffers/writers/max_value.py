@@ -15,6 +15,10 @@ count as not inserted):
    beats a later one (one stable sort over the pool laid out as ``[new items, latest first; stored items]``).
 3. the new items that survive fill the free slots, then the slots of the stored items that were dropped.
 
+Once the storage is full the writer also keeps a lower bound of the stored ranks (updated from the sorted
+pool at each overflow): items not above it cannot enter, so a batch that holds none above it is rejected in
+O(n), without the O(k) ``topk`` scan.
+
 So after any sequence of writes the stored ranks are exactly the ``k`` largest ranks written so far.
 """
 
@@ -87,11 +91,11 @@ class TensorDictMaxValueWriter(Writer):
         >>> writer = TensorDictMaxValueWriter(rank_key="score")
         >>> writer.register_storage(LazyTensorStorage(3))
         >>> writer.extend(TensorDict(score=torch.tensor([1.0, 5.0, 2.0, 4.0, 0.0]), batch_size=[5]))
-        tensor([ 0,  1,  2, -1, -1])
-        >>> writer.ranks
-        tensor([4., 5., 2.], dtype=torch.float64)
+        tensor([-1,  0,  1,  2, -1])
+        >>> writer.ranks  # 1.0 was pushed out by 4.0 within the batch: it counts as not inserted
+        tensor([5., 2., 4.], dtype=torch.float64)
         >>> writer.add(TensorDict(score=torch.tensor(3.0))), writer.add(TensorDict(score=torch.tensor(1.0)))
-        (2, None)
+        (1, None)
     """
 
     def __init__(self, rank_key=None, reduction: str = "sum") -> None:
@@ -101,8 +105,10 @@ class TensorDictMaxValueWriter(Writer):
         self._reduction = reduction
         self._counters = SharedCounters(("cursor", "write_count"))
         self._ranks: torch.Tensor | None = None  # [capacity] float64, shared memory
+        # a lower bound of the stored ranks once full: items not above it are rejected without an O(k) scan
+        self._floor = torch.full((1,), float("-inf"), dtype=torch.float64).share_memory_()
 
-    # -- properties ---------------------------------------------------------------------------------------------
+    # -- properties ------------------------------------------------------------------------------------------
     @property
     def rank_key(self):
         """The entry that ranks items."""
@@ -130,7 +136,7 @@ class TensorDictMaxValueWriter(Writer):
             return torch.zeros((0,), dtype=torch.float64)
         return self._ranks[: self.cursor].clone()
 
-    # -- storage ------------------------------------------------------------------------------------------------
+    # -- storage ---------------------------------------------------------------------------------------------
     def register_storage(self, storage) -> None:
         """Sets the storage; it must be 1-D with a finite capacity (its ``max_size`` is ``k``)."""
         if storage.ndim > 1:
@@ -152,13 +158,14 @@ class TensorDictMaxValueWriter(Writer):
                     f"{self._ranks.numel()}, or empty the writer first."
                 )
             self._ranks = _new_ranks(capacity)
+            self._floor.fill_(float("-inf"))
         self._storage = storage
 
     def _capacity(self) -> int:
         self._require_storage()
         return self._ranks.numel()
 
-    # -- ranks --------------------------------------------------------------------------------------------------
+    # -- ranks -----------------------------------------------------------------------------------------------
     def _ranks_of(self, data, batched: bool) -> torch.Tensor:
         """One float64 rank per item (``[N]`` for a batch, ``[1]`` for one item)."""
         if not isinstance(data, TensorDictBase):
@@ -168,15 +175,15 @@ class TensorDictMaxValueWriter(Writer):
             )
         if batched and not data.batch_dims:
             raise ValueError(
-                "extend() takes a batch whose first dim indexes items; got a TensorDict with no batch dim. Use "
-                "add() to write one item, or give the data a batch dim (e.g. data.unsqueeze(0))."
+                "extend() takes a batch whose first dim indexes items; got a TensorDict with no batch dim. "
+                "Use add() to write one item, or give the data a batch dim (e.g. data.unsqueeze(0))."
             )
         value = data.get(self._rank_key, None)
         if value is None:
             keys = sorted(map(str, data.keys(include_nested=True, leaves_only=True)))
             raise KeyError(
-                f"The `rank_key` entry {self._rank_key!r} is not in the data written (its keys: {keys}). Write "
-                f"data holding it, or build the writer with rank_key=<the entry that ranks items>."
+                f"The `rank_key` entry {self._rank_key!r} is not in the data written (its keys: {keys}). "
+                f"Write data holding it, or build the writer with rank_key=<the entry that ranks items>."
             )
         if not isinstance(value, torch.Tensor) or value.is_complex():
             raise TypeError(
@@ -184,22 +191,25 @@ class TensorDictMaxValueWriter(Writer):
                 f"{getattr(value, 'dtype', type(value).__name__)}."
             )
         n = data.batch_size[0] if batched else 1
+        if n == 0:
+            return torch.zeros((0,), dtype=torch.float64)
         flat = value.detach().to(device="cpu", dtype=torch.float64).reshape(n, -1)
         if flat.shape[1] == 0:
             raise ValueError(f"The `rank_key` entry {self._rank_key!r} is empty: each item needs a rank.")
         ranks = _reduce(flat, self._reduction)
         if torch.isnan(ranks).any():
             raise ValueError(
-                f"The `rank_key` entry {self._rank_key!r} holds NaN ranks, which cannot be ordered. Replace them "
-                f"(e.g. with -inf) before writing."
+                f"The `rank_key` entry {self._rank_key!r} holds NaN ranks, which cannot be ordered. Replace "
+                f"them (e.g. with -inf) before writing."
             )
         return ranks
 
     def _decide(self, ranks: torch.Tensor):
         """Where each of ``ranks`` goes, without changing state.
 
-        Returns ``(index, slots, winners)``: ``index[i]`` is item ``i``'s slot or ``-1``; ``slots[j]`` is the
-        slot of item ``winners[j]`` (winners in batch order).
+        Returns ``(index, slots, winners, floor)``: ``index[i]`` is item ``i``'s slot or ``-1``; ``slots[j]``
+        is the slot of item ``winners[j]`` (winners in batch order); ``floor`` is a new lower bound of the
+        stored ranks once the storage is full (``None`` to keep the current one).
         """
         n = ranks.numel()
         capacity = self._capacity()
@@ -207,38 +217,52 @@ class TensorDictMaxValueWriter(Writer):
         free = capacity - cursor
         if n <= free:
             slots = torch.arange(cursor, cursor + n)
-            return slots, slots, torch.arange(n)
-        drop = n - free
+            return slots, slots, torch.arange(n), None
+        index = torch.full((n,), -1, dtype=torch.long)
+        if free == 0:  # items not above the floor (<= the stored minimum) lose to every stored item
+            candidates = (ranks > float(self._floor)).nonzero().squeeze(-1)
+            if candidates.numel() == 0:
+                return index, candidates, candidates, None
+        else:
+            candidates = torch.arange(n)
+        sub = ranks[candidates]
+        n_sub = sub.numel()
+        drop = n_sub - free
         stored = self._ranks[:cursor]
         m = min(drop, cursor)
-        weakest = torch.topk(stored, m, largest=False, sorted=False).indices if m else stored.new_zeros(0).long()
-        pool = torch.cat([ranks.flip(0), stored[weakest]])
-        dropped = torch.sort(pool, stable=True).indices[:drop]
-        keep = torch.ones(n + m, dtype=torch.bool)
-        keep[dropped] = False
-        winners = keep[:n].flip(0).nonzero().squeeze(-1)
-        slots = torch.cat([torch.arange(cursor, capacity), weakest[~keep[n:]]])
-        index = torch.full((n,), -1, dtype=torch.long)
+        weakest = torch.topk(stored, m, largest=False, sorted=False).indices if m else torch.zeros(0).long()
+        pool = torch.cat([sub.flip(0), stored[weakest]])
+        order = torch.sort(pool, stable=True)
+        keep = torch.ones(n_sub + m, dtype=torch.bool)
+        keep[order.indices[:drop]] = False
+        winners = candidates[keep[:n_sub].flip(0).nonzero().squeeze(-1)]
+        slots = torch.cat([torch.arange(cursor, capacity), weakest[~keep[n_sub:]]])
         index[winners] = slots
-        return index, slots, winners
+        # stored items outside the pool rank >= the weakest m; the kept pool ranks >= its first kept rank
+        floor = float(order.values[drop])
+        if m:
+            floor = min(floor, float(stored[weakest].max()))
+        return index, slots, winners, floor
 
-    def _commit(self, ranks: torch.Tensor, slots: torch.Tensor, winners: torch.Tensor, n: int) -> None:
+    def _commit(self, ranks: torch.Tensor, slots: torch.Tensor, winners: torch.Tensor, n: int, floor) -> None:
         if slots.numel():
             self._ranks[slots] = ranks[winners]
             self._counters["cursor"] = min(self._capacity(), self.cursor + n)
+        if floor is not None:
+            self._floor.fill_(floor)
         self._counters["write_count"] += n
 
-    # -- writes -------------------------------------------------------------------------------------------------
+    # -- writes ----------------------------------------------------------------------------------------------
     def add(self, data) -> int | None:
         """Writes one TensorDict if it ranks among the top ``k``; returns its slot, or ``None``."""
         storage = self._require_storage()
         ranks = self._ranks_of(data, batched=False)
-        index, slots, winners = self._decide(ranks)
+        index, slots, winners, floor = self._decide(ranks)
         slot = int(index[0])
         _set_index(data, torch.tensor(slot))
         if slot >= 0:
             storage.set(slot, data)
-        self._commit(ranks, slots, winners, 1)
+        self._commit(ranks, slots, winners, 1, floor)
         if slot < 0:
             return None
         storage.mark_update(slot)
@@ -255,23 +279,24 @@ class TensorDictMaxValueWriter(Writer):
         n = ranks.numel()
         if n == 0:
             return torch.zeros((0,), dtype=torch.long)
-        index, slots, winners = self._decide(ranks)
+        index, slots, winners, floor = self._decide(ranks)
         _set_index(data, index)
         if slots.numel():
             storage.set(slots, data if winners.numel() == n else data[winners])
-        self._commit(ranks, slots, winners, n)
+        self._commit(ranks, slots, winners, n, floor)
         if slots.numel():
             storage.mark_update(slots)
         return index
 
     def _empty(self, empty_write_count: bool = True) -> None:
         self._counters["cursor"] = 0
+        self._floor.fill_(float("-inf"))
         if self._ranks is not None:
             self._ranks.fill_(float("-inf"))
         if empty_write_count:
             self._counters["write_count"] = 0
 
-    # -- state --------------------------------------------------------------------------------------------------
+    # -- state -----------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
             "_cursor": self.cursor,
@@ -284,7 +309,8 @@ class TensorDictMaxValueWriter(Writer):
         missing = [k for k in ("_cursor", "_ranks", "_capacity") if k not in state_dict]
         if missing:
             raise KeyError(
-                f"The writer state_dict lacks {missing}: pass what TensorDictMaxValueWriter.state_dict() returns."
+                f"The writer state_dict lacks {missing}: pass what TensorDictMaxValueWriter.state_dict() "
+                f"returns."
             )
         cursor = int(state_dict["_cursor"])
         ranks = torch.as_tensor(state_dict["_ranks"], dtype=torch.float64).reshape(-1)
@@ -292,7 +318,8 @@ class TensorDictMaxValueWriter(Writer):
         capacity = cursor if capacity is None else int(capacity)
         if ranks.numel() != cursor or cursor > capacity:
             raise ValueError(
-                f"Inconsistent writer state: `_cursor`={cursor}, {ranks.numel()} ranks, `_capacity`={capacity}."
+                f"Inconsistent writer state: `_cursor`={cursor}, {ranks.numel()} ranks, "
+                f"`_capacity`={capacity}."
             )
         if capacity and self._ranks is not None and self._ranks.numel() != capacity:
             if self._storage is not None:
@@ -307,6 +334,7 @@ class TensorDictMaxValueWriter(Writer):
             self._ranks.fill_(float("-inf"))
             self._ranks[:cursor] = ranks
         self._counters["cursor"] = cursor
+        self._floor.fill_(float(ranks.min()) if cursor and cursor == capacity else float("-inf"))
         self._counters["write_count"] = int(state_dict.get("_write_count", 0))
 
     def __repr__(self) -> str:

@@ -1,0 +1,256 @@
+"""A sampler that draws sub-batches from several buffers: :class:`SamplerEnsemble`.
+
+A batch of ``batch_size`` is made of ``num_buffer_sampled`` sub-batches of ``batch_size //
+num_buffer_sampled`` items. Each sub-batch comes from one member buffer, chosen independently (with
+replacement: a buffer may give several sub-batches), uniformly or with probabilities ``p``; with
+``sample_from_all=True`` every buffer gives exactly one sub-batch, in member order. The sub-batch itself is
+drawn by that buffer's own sampler, so each member keeps its sampling rule (uniform, prioritized, slices...).
+
+The index returned is the :class:`~tensordict.TensorDict` described in
+:mod:`torchrl.data.replay_buffers.storages.ensemble` (``"buffer_ids"`` and flat ``"index"`` rows, one per
+sub-batch), which :meth:`StorageEnsemble.get` reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from torchrl.data.replay_buffers._collate import tensordict_collate
+from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size
+from torchrl.data.replay_buffers.storages.ensemble import (
+    StorageEnsemble,
+    _check_member_id,
+    _check_members,
+    _flat_member_index,
+)
+
+
+def _check_p(p, n: int) -> torch.Tensor:
+    """``p`` -> a float64 probability vector summing to 1."""
+    try:
+        t = None if isinstance(p, (str, bytes)) else torch.as_tensor(p, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        t = None
+    if t is None or t.ndim != 1:
+        raise TypeError(f"`p` must be a 1-D sequence of {n} probabilities (one per member), got {p!r}.")
+    if t.numel() != n:
+        raise ValueError(f"`p` must have one probability per member ({n}), got {t.numel()}: {p!r}.")
+    if not torch.isfinite(t).all() or (t < 0).any() or t.sum() <= 0:
+        raise ValueError(
+            f"`p` must hold finite, non-negative weights with a positive sum, got {p!r}. It is normalized, "
+            f"so e.g. p=[1, 3] means 25% / 75%."
+        )
+    return t / t.sum()
+
+
+def _check_num_buffer_sampled(num_buffer_sampled, n: int, sample_from_all: bool) -> int:
+    if num_buffer_sampled is None:
+        return n
+    value = num_buffer_sampled
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`num_buffer_sampled` must be a positive int or None, got {num_buffer_sampled!r}.")
+    if sample_from_all and num_buffer_sampled != n:
+        raise ValueError(
+            f"`num_buffer_sampled`={num_buffer_sampled} contradicts sample_from_all=True, which draws one "
+            f"sub-batch from each of the {n} members. Omit num_buffer_sampled or pass sample_from_all=False."
+        )
+    return num_buffer_sampled
+
+
+class SamplerEnsemble(Sampler):
+    """Draws each batch as sub-batches from member buffers, each with the member's own sampler.
+
+    See the module docstring for how buffers are chosen. Buffer choices go through ``self._rng`` (the
+    ensemble buffer's generator) or torch's global generator. Setting a generator on the ensemble (not
+    ``None``) sets it on every member sampler too, so one seeded generator makes the whole draw reproducible.
+
+    Args:
+        *samplers (Sampler): the member samplers; member ``i`` samples buffer ``i``.
+
+    Keyword Args:
+        p (sequence of float, optional): the probability of choosing each buffer for a sub-batch; normalized.
+            Defaults to ``None`` (uniform).
+        sample_from_all (bool): draw one sub-batch from every buffer instead of choosing. Cannot be combined
+            with ``p``. Defaults to ``False``.
+        num_buffer_sampled (int, optional): the number of sub-batches per batch; ``batch_size`` must be a
+            multiple of it. Defaults to the number of samplers.
+
+    ``requires_shared_state`` is True when any member's is (the ensemble is as stateful as its most stateful
+    member). ``state_dict()`` holds the members' states, keyed by ``str(i)``.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data import LazyTensorStorage, RandomSampler, SamplerEnsemble, StorageEnsemble
+        >>> s0, s1 = LazyTensorStorage(10), LazyTensorStorage(10)
+        >>> s0.set(torch.arange(5), torch.arange(5))
+        >>> s1.set(torch.arange(5), torch.arange(5))
+        >>> sampler = SamplerEnsemble(RandomSampler(), RandomSampler(), sample_from_all=True)
+        >>> index, info = sampler.sample(StorageEnsemble(s0, s1), 6)
+        >>> index["buffer_ids"], index["index"].shape
+        (tensor([0, 1]), torch.Size([2, 3]))
+    """
+
+    def __init__(
+        self,
+        *samplers: Sampler,
+        p: Sequence[float] | torch.Tensor | None = None,
+        sample_from_all: bool = False,
+        num_buffer_sampled: int | None = None,
+    ) -> None:
+        self._samplers = list(_check_members("SamplerEnsemble", samplers, Sampler))
+        n = len(self._samplers)
+        if not isinstance(sample_from_all, bool):
+            raise TypeError(f"`sample_from_all` must be a bool, got {sample_from_all!r}.")
+        if p is not None and sample_from_all:
+            raise ValueError(
+                "`p` and sample_from_all=True are exclusive: sample_from_all draws from every buffer, p "
+                "chooses among them. Pass one of them."
+            )
+        self._p = None if p is None else _check_p(p, n)
+        self._sample_from_all = sample_from_all
+        self._num_buffer_sampled = _check_num_buffer_sampled(num_buffer_sampled, n, sample_from_all)
+        self._generator: torch.Generator | None = None
+        self._ran_out = False
+
+    # -- configuration ---------------------------------------------------------------------------------------
+    @property
+    def samplers(self) -> list[Sampler]:
+        """The member samplers (a new list)."""
+        return list(self._samplers)
+
+    @property
+    def p(self) -> torch.Tensor | None:
+        """The normalized buffer probabilities (``None`` for uniform or sample_from_all)."""
+        return None if self._p is None else self._p.clone()
+
+    @property
+    def sample_from_all(self) -> bool:
+        return self._sample_from_all
+
+    @property
+    def num_buffer_sampled(self) -> int:
+        return self._num_buffer_sampled
+
+    @property
+    def requires_shared_state(self) -> bool:
+        return any(s.requires_shared_state for s in self._samplers)
+
+    @property
+    def _rng(self) -> torch.Generator | None:
+        return getattr(self, "_generator", None)
+
+    @_rng.setter
+    def _rng(self, generator: torch.Generator | None) -> None:
+        self._generator = generator
+        if generator is not None:
+            for sampler in self._samplers:
+                sampler._rng = generator
+
+    def __len__(self) -> int:
+        return len(self._samplers)
+
+    def __getitem__(self, item: int) -> Sampler:
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise TypeError(f"Index a SamplerEnsemble with an int (a member), got {type(item).__name__}.")
+        return self._samplers[_check_member_id(item, len(self._samplers))]
+
+    # -- sampling --------------------------------------------------------------------------------------------
+    def _choose(self) -> torch.Tensor:
+        n, k = len(self._samplers), self._num_buffer_sampled
+        if self._sample_from_all:
+            return torch.arange(n)
+        rng = self._rng
+        device = rng.device if rng is not None else None
+        if self._p is not None:
+            return torch.multinomial(self._p.to(device), k, replacement=True, generator=rng).cpu()
+        return torch.randint(0, n, (k,), generator=rng, device=device).cpu()
+
+    def sample(self, storage: StorageEnsemble, batch_size: int) -> tuple[Any, dict]:
+        """Draws ``num_buffer_sampled`` sub-batches of ``batch_size // num_buffer_sampled`` items.
+
+        Returns:
+            ``(index, info)``: ``index`` is a TensorDict of batch size ``[num_buffer_sampled]`` with
+            ``"buffer_ids"`` and ``"index"`` (see :class:`StorageEnsemble`); ``info`` is
+            ``{"buffer_ids": <[num_buffer_sampled] tensor>, "member_info": <list of each sub-batch's info>}``.
+        """
+        batch_size = check_batch_size(batch_size)
+        if not isinstance(storage, StorageEnsemble):
+            raise TypeError(
+                f"SamplerEnsemble samples a StorageEnsemble, got {type(storage).__name__}. Use it through "
+                f"ReplayBufferEnsemble, or build StorageEnsemble(*member_storages)."
+            )
+        if len(storage) != len(self._samplers):
+            raise ValueError(
+                f"The StorageEnsemble has {len(storage)} members and this SamplerEnsemble "
+                f"{len(self._samplers)}: they must match one to one."
+            )
+        if batch_size % self._num_buffer_sampled:
+            raise ValueError(
+                f"`batch_size`={batch_size} is not divisible by `num_buffer_sampled`="
+                f"{self._num_buffer_sampled}: each batch is made of equal sub-batches. Pass a multiple of "
+                f"{self._num_buffer_sampled}."
+            )
+        per_buffer = batch_size // self._num_buffer_sampled
+        buffer_ids = self._choose()
+        rows, infos = [], []
+        for buffer_id in buffer_ids.tolist():
+            member = storage[buffer_id]
+            index, info = self._samplers[buffer_id].sample(member, per_buffer)
+            flat = _flat_member_index(index, member)
+            rows.append(TensorDict(buffer_ids=torch.tensor(buffer_id), index=flat))
+            infos.append(info)
+        self._ran_out = any(self._samplers[i].ran_out for i in set(buffer_ids.tolist()))
+        return tensordict_collate(rows), {"buffer_ids": buffer_ids, "member_info": infos}
+
+    @property
+    def ran_out(self) -> bool:
+        """True when a member sampler used in the last draw finished an epoch."""
+        return self._ran_out
+
+    @ran_out.setter
+    def ran_out(self, value: bool) -> None:
+        self._ran_out = bool(value)
+        for sampler in self._samplers:
+            sampler.ran_out = value
+
+    def update_priority(self, index, priority, *, storage=None) -> None:
+        raise RuntimeError(
+            "Update priorities through the member buffers: for each sub-batch i of a sample, call "
+            "rb_ensemble[buffer_ids[i]].update_priority(member_index, priority)."
+        )
+
+    def _empty(self) -> None:
+        raise RuntimeError(
+            "A SamplerEnsemble cannot be emptied: empty the member buffers (rb_ensemble[i].empty())."
+        )
+
+    # -- state -----------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {str(i): s.state_dict() for i, s in enumerate(self._samplers)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        keys = {str(i) for i in range(len(self._samplers))}
+        if set(state_dict) != keys:
+            raise ValueError(
+                f"The SamplerEnsemble state_dict has entries {sorted(state_dict)}; this ensemble has members "
+                f"{sorted(keys)}. Load a state saved from an ensemble of the same members."
+            )
+        for i, sampler in enumerate(self._samplers):
+            sampler.load_state_dict(state_dict[str(i)])
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_generator", None)
+        return state
+
+    def __repr__(self) -> str:
+        p = None if self._p is None else self._p.tolist()
+        how = "sample_from_all=True" if self._sample_from_all else f"p={p}"
+        return (
+            f"{type(self).__name__}({', '.join(map(repr, self._samplers))}, {how}, "
+            f"num_buffer_sampled={self._num_buffer_sampled})"
+        )
