@@ -254,17 +254,24 @@ class ReplayBufferDataset(IterableDataset):
             rb._rng.manual_seed(info.seed % (2**63))
         self._seeded_worker = info.id
 
+    def _draw(self):
+        """One sampling call (subclasses may sample another batch size)."""
+        return self.replay_buffer.sample()
+
+    def _items(self, batch):
+        """What one sampling call yields (subclasses may split the batch into items)."""
+        yield batch
+
     def __iter__(self):
         self._prepare_worker_copy()
         remaining = self._batches_for_this_process()
-        rb = self.replay_buffer
         first = True
         while remaining is None or remaining > 0:
-            batch = rb.sample()
+            batch = self._draw()
             if first:
                 _check_collate_of_caller(batch)
                 first = False
-            yield batch
+            yield from self._items(batch)
             if remaining is not None:
                 remaining -= 1
 

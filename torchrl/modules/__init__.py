@@ -1,0 +1,1 @@
+"""torchrl.modules: only the LLM interop (``torchrl.modules.llm``) lives here."""

@@ -1,0 +1,174 @@
+"""Feed replay buffers to Hugging Face / TRL trainers: :class:`TorchRLBufferDataset`.
+
+Trainers of ``transformers`` and ``trl`` consume datasets whose items are flat ``dict[str, Any]`` samples.
+:class:`TorchRLBufferDataset` is a :class:`~torchrl.data.ReplayBufferDataset` that draws ``batch_size`` items
+per sampling call and yields them one at a time as such dicts; :meth:`TorchRLBufferDataset.as_hf_dataset`
+wraps it in a ``datasets.IterableDataset`` for trainers that want one.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDictBase
+
+from torchrl.data.replay_buffers.dataloader import ReplayBufferDataset, _stateful_component
+from torchrl.data.replay_buffers.replay_buffers import ReplayBuffer
+
+__all__ = ["TorchRLBufferDataset"]
+
+
+def _flat_name(key) -> str:
+    return ".".join(key) if isinstance(key, tuple) else key
+
+
+def _leaf_keys(batch: TensorDictBase) -> list:
+    keys = []
+    for key in batch.keys(include_nested=True):
+        value = batch.get(key)
+        if isinstance(value, (NonTensorData, NonTensorStack)) or not isinstance(value, TensorDictBase):
+            keys.append(key)
+    return keys
+
+
+def _unwrap(value) -> Any:
+    if isinstance(value, NonTensorData):
+        return value.data
+    if isinstance(value, NonTensorStack):
+        return value.tolist()
+    return value
+
+
+class TorchRLBufferDataset(ReplayBufferDataset):
+    """An iterable dataset of flat ``dict`` samples drawn from a replay buffer, for HF / TRL trainers.
+
+    Each sampling call draws ``batch_size`` items with ``replay_buffer.sample(batch_size)`` and yields them
+    one by one as ``dict[str, Any]`` without a batch dim: nested keys are joined with ``"."``
+    (``("tokens", "full")`` -> ``"tokens.full"``) and non-tensor entries (strings) are unwrapped to Python
+    values.
+
+    Under DataLoader workers it behaves like :class:`~torchrl.data.ReplayBufferDataset` (the generator is
+    reseeded per worker and the ``num_batches`` sampling calls are split across workers), except that a buffer
+    whose sampler requires shared state is not refused yet: it emits a ``FutureWarning`` (refused with
+    workers from v0.17).
+
+    Args:
+        replay_buffer (ReplayBuffer): the buffer to sample; its data must be TensorDicts.
+        batch_size (int): the number of items each sampling call draws.
+
+    Keyword Args:
+        keys (list of NestedKey, optional): keep only these entries. A key missing from the sampled data
+            raises a ``KeyError``. Defaults to ``None`` (every leaf entry).
+        device (torch.device or str, optional): move tensors there. Defaults to ``None`` (no move).
+        num_batches (int, optional): sampling calls per iteration, in total over all DataLoader workers.
+            ``None`` is an unbounded stream: the consumer must impose its own step limit (e.g. a trainer's
+            ``max_steps``). Defaults to ``1``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import ListStorage, ReplayBuffer
+        >>> from torchrl.modules.llm import TorchRLBufferDataset
+        >>> rb = ReplayBuffer(storage=ListStorage(100), batch_size=4)
+        >>> for _ in range(10):
+        ...     _ = rb.add(TensorDict(input_ids=torch.randint(0, 100, (8,)), attention_mask=torch.ones(8)))
+        >>> dataset = TorchRLBufferDataset(rb, batch_size=4)
+        >>> next(iter(dataset))["input_ids"].shape
+        torch.Size([8])
+        >>> len(list(dataset))
+        4
+    """
+
+    _refuse_stateful = False
+
+    def __init__(self, replay_buffer: ReplayBuffer, batch_size: int, *, keys=None, device=None,
+                 num_batches: int | None = 1):
+        if not isinstance(replay_buffer, ReplayBuffer):
+            raise TypeError(
+                f"`replay_buffer` must be a torchrl ReplayBuffer, got {type(replay_buffer).__name__}."
+            )
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"`batch_size` must be a positive integer, got {batch_size!r}.")
+        self.batch_size = batch_size
+        self.keys = None if keys is None else [k if isinstance(k, (str, tuple)) else str(k) for k in keys]
+        self.device = None if device is None else torch.device(device)
+        super().__init__(replay_buffer, num_batches=num_batches)
+        stateful = _stateful_component(replay_buffer)
+        if stateful is not None:
+            name, component = stateful
+            warnings.warn(
+                f"The buffer's {name} {type(component).__name__} requires shared state: with DataLoader "
+                f"workers each worker would hold its own copy of it. TorchRLBufferDataset will refuse such a "
+                f"buffer with workers from v0.17 (as ReplayBufferDataset does); use num_workers=0 or a "
+                f"stateless sampler (RandomSampler, SliceSampler).",
+                FutureWarning,
+                stacklevel=2,
+            )
+
+    @staticmethod
+    def _check_batch_size(replay_buffer) -> None:
+        return None  # the dataset has its own batch size
+
+    def _draw(self):
+        batch = self.replay_buffer.sample(self.batch_size)
+        if not isinstance(batch, TensorDictBase):
+            raise TypeError(
+                f"TorchRLBufferDataset yields dicts of the entries of TensorDict samples; the buffer returned "
+                f"{type(batch).__name__}. Store TensorDicts in the buffer."
+            )
+        return batch
+
+    def _selected_keys(self, batch: TensorDictBase) -> list:
+        if self.keys is None:
+            return _leaf_keys(batch)
+        present = set(batch.keys(include_nested=True))
+        missing = [k for k in self.keys if k not in present]
+        if missing:
+            raise KeyError(
+                f"`keys` asks for {missing}, which the sampled data does not hold; it holds "
+                f"{sorted(map(_flat_name, _leaf_keys(batch)))}."
+            )
+        return self.keys
+
+    def _items(self, batch: TensorDictBase):
+        keys = self._selected_keys(batch)
+        columns = {}
+        for key in keys:
+            value = batch.get(key)
+            if isinstance(value, (NonTensorData, NonTensorStack)):
+                value = _unwrap(value)
+                if not isinstance(value, list):
+                    value = [value] * batch.batch_size[0]
+            elif self.device is not None:
+                value = value.to(self.device)
+            columns[_flat_name(key)] = value
+        for i in range(batch.batch_size[0]):
+            yield {name: column[i] for name, column in columns.items()}
+
+    def as_hf_dataset(self):
+        """This dataset as a ``datasets.IterableDataset`` (needs the ``datasets`` package).
+
+        Examples:
+            >>> ds = dataset.as_hf_dataset()  # doctest: +SKIP
+            >>> next(iter(ds))["input_ids"]  # doctest: +SKIP
+        """
+        try:
+            import datasets
+        except ImportError as err:
+            raise ImportError(
+                "as_hf_dataset() needs the `datasets` package: pip install datasets (or torchrl[hf])."
+            ) from err
+        return datasets.IterableDataset.from_generator(_generate, gen_kwargs={"dataset": self})
+
+    def __repr__(self) -> str:
+        keys = "<all>" if self.keys is None else self.keys
+        return (
+            f"TorchRLBufferDataset(replay_buffer={type(self.replay_buffer).__name__}, batch_size={self.batch_size}, "
+            f"keys={keys}, device={self.device}, num_batches={self.num_batches})"
+        )
+
+
+def _generate(dataset: TorchRLBufferDataset):
+    yield from dataset
