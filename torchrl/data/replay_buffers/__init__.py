@@ -2,11 +2,15 @@
 
 from torchrl.data.replay_buffers._collate import tensordict_collate
 from torchrl.data.replay_buffers.replay_buffers import (
+    PrioritizedReplayBuffer,
     ReplayBuffer,
     ReplayBufferEnsemble,
+    TensorDictPrioritizedReplayBuffer,
     TensorDictReplayBuffer,
 )
 from torchrl.data.replay_buffers.samplers import (
+    PrioritizedSampler,
+    PrioritizedSliceSampler,
     RandomSampler,
     Sampler,
     SamplerEnsemble,
@@ -35,6 +39,8 @@ __all__ = [
     "ReplayBuffer",
     "TensorDictReplayBuffer",
     "ReplayBufferEnsemble",
+    "PrioritizedReplayBuffer",
+    "TensorDictPrioritizedReplayBuffer",
     "Storage",
     "ListStorage",
     "TensorStorage",
@@ -47,6 +53,8 @@ __all__ = [
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
     "SamplerEnsemble",
+    "PrioritizedSampler",
+    "PrioritizedSliceSampler",
     "Writer",
     "RoundRobinWriter",
     "TensorDictRoundRobinWriter",

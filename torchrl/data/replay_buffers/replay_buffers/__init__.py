@@ -2,9 +2,25 @@
 
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.ensemble import ReplayBufferEnsemble
+from torchrl.data.replay_buffers.replay_buffers.prioritized import (
+    PrioritizedReplayBuffer,
+    TensorDictPrioritizedReplayBuffer,
+)
 from torchrl.data.replay_buffers.replay_buffers.tensordict import TensorDictReplayBuffer
 
-__all__ = ["ReplayBuffer", "TensorDictReplayBuffer", "ReplayBufferEnsemble"]
+__all__ = [
+    "ReplayBuffer",
+    "TensorDictReplayBuffer",
+    "PrioritizedReplayBuffer",
+    "TensorDictPrioritizedReplayBuffer",
+    "ReplayBufferEnsemble",
+]
 
-for _cls in (ReplayBuffer, TensorDictReplayBuffer, ReplayBufferEnsemble):
+for _cls in (
+    ReplayBuffer,
+    TensorDictReplayBuffer,
+    PrioritizedReplayBuffer,
+    TensorDictPrioritizedReplayBuffer,
+    ReplayBufferEnsemble,
+):
     _cls.__module__ = __name__

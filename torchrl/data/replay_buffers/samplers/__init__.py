@@ -2,6 +2,8 @@
 
 from torchrl.data.replay_buffers.samplers.base import Sampler
 from torchrl.data.replay_buffers.samplers.ensemble import SamplerEnsemble
+from torchrl.data.replay_buffers.samplers.prioritized import PrioritizedSampler
+from torchrl.data.replay_buffers.samplers.prioritized_slice import PrioritizedSliceSampler
 from torchrl.data.replay_buffers.samplers.random import RandomSampler, SamplerWithoutReplacement
 from torchrl.data.replay_buffers.samplers.slice import SliceSampler
 from torchrl.data.replay_buffers.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
@@ -13,6 +15,8 @@ __all__ = [
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
     "SamplerEnsemble",
+    "PrioritizedSampler",
+    "PrioritizedSliceSampler",
 ]
 
 for _cls in (
@@ -22,5 +26,7 @@ for _cls in (
     SliceSampler,
     SliceSamplerWithoutReplacement,
     SamplerEnsemble,
+    PrioritizedSampler,
+    PrioritizedSliceSampler,
 ):
     _cls.__module__ = __name__

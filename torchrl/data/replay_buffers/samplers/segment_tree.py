@@ -6,15 +6,16 @@ prioritized sampler uses a :class:`SumSegmentTree` to draw indices in proportion
 :class:`MinSegmentTree` to normalize importance weights.
 
 Data model: the tree is one flat float64 array of ``2 * size`` slots, ``size`` the smallest power of two
-``>= capacity``. Slot ``1`` is the root, the children of slot ``i`` are ``2 * i`` and ``2 * i + 1`` and leaf
-``j`` lives in slot ``size + j``. Leaves past ``capacity`` and leaves never written hold the reduction's
-identity (``0`` for sums, ``+inf`` for mins). Viewing the array as complex128 puts the two children of slot
-``i`` in one element ``i``, so one 1-D gather reads both.
+``>= capacity``. The children of slot ``i`` are ``2 * i`` and ``2 * i + 1``, leaf ``j`` lives in slot
+``size + j`` and level ``k`` (``2 ** k`` slots) starts at slot ``2 ** k``. Leaves past ``capacity`` and leaves
+never written hold the reduction's identity (``0`` for sums, ``+inf`` for mins). Viewing the array as
+complex128 puts the two children of slot ``i`` in one element ``i``, so one 1-D gather reads both.
 
-Every operation takes a batch and runs a fixed number of numpy calls per tree level, never a Python loop
-over items: ``update`` re-reduces the changed slots level by level up to the top ``2 ** 11`` slots, which it
-recomputes whole (contiguous, cheaper than scattered writes); ``scan_lower_bound`` finds the slot at that
-level with one ``cumsum`` + ``searchsorted`` and descends the remaining levels together for all queries.
+The tree is kept from the leaves up to the "flat level" of ``2 ** 11`` slots (the whole tree when it is
+smaller); the levels above it are not stored: a query ends with one contiguous reduction of at most 2048
+slots of the flat level and a search starts with one ``cumsum`` + ``searchsorted`` over it, which costs less
+than maintaining 11 more levels on every update. Every operation takes a batch and runs a fixed number of
+numpy calls per level, never a Python loop over items.
 """
 
 from __future__ import annotations
@@ -33,10 +34,8 @@ _FLAT_LEVEL = 11
 
 def _as_index_array(index, name: str = "index") -> np.ndarray:
     """A 1-D int64 array from an int, a 1-D tensor/ndarray or a sequence of ints."""
-    if isinstance(index, bool) or isinstance(index, (torch.Tensor, np.ndarray)) and index.dtype in (
-        torch.bool,
-        np.bool_,
-    ):
+    is_mask = isinstance(index, (torch.Tensor, np.ndarray)) and index.dtype in (torch.bool, np.bool_)
+    if isinstance(index, bool) or is_mask:
         raise TypeError(f"`{name}` must hold integer positions, got a boolean {type(index).__name__}.")
     if isinstance(index, (int, np.integer)):
         return np.array([index], dtype=np.int64)
@@ -61,7 +60,7 @@ def _as_index_array(index, name: str = "index") -> np.ndarray:
 
 
 def _as_value_array(value, count: int | None = None, name: str = "value") -> np.ndarray:
-    """A 1-D float64 array from a number, a tensor of any real dtype or a sequence (broadcast to ``count``)."""
+    """A 1-D float64 array from a number, a real tensor or a sequence (broadcast to ``count``)."""
     if isinstance(value, torch.Tensor):
         if value.is_complex() or value.dtype == torch.bool:
             raise TypeError(f"`{name}` must hold real numbers, got a tensor of dtype {value.dtype}.")
@@ -174,12 +173,12 @@ class _SegmentTree:
                 f"`start`={start} and `end`={end} must satisfy 0 <= start <= end <= capacity "
                 f"({self._capacity})."
             )
-        if start == 0 and end == self._capacity:
-            return float(self._tree[1])
         tree, reduce_two = self._tree, self._reduce_two
         result = self.identity
         lo, hi = int(start) + self._size, int(end) + self._size
-        while lo < hi:
+        for _ in range(self._depth - self._flat_level):  # partial blocks at both ends, level by level
+            if lo >= hi:
+                return result
             if lo & 1:
                 result = reduce_two(result, float(tree[lo]))
                 lo += 1
@@ -188,6 +187,8 @@ class _SegmentTree:
                 result = reduce_two(result, float(tree[hi]))
             lo >>= 1
             hi >>= 1
+        if lo < hi:  # the rest is a contiguous run of the flat level
+            result = reduce_two(result, float(self._ufunc.reduce(tree[lo:hi])))
         return result
 
     def state_dict(self) -> dict[str, Any]:
@@ -265,19 +266,15 @@ class _SegmentTree:
             node >>= 1
             children = pairs[node]
             tree[node] = ufunc(children.real, children.imag)
-        self._rebuild_levels(self._flat_level)
 
-    def _rebuild_levels(self, below: int) -> None:
-        """Recomputes every slot of the levels ``below - 1`` .. ``0`` (root) from the level under it."""
+    def _rebuild(self) -> None:
+        """Recomputes every kept level from the leaves."""
         tree, pairs, ufunc = self._tree, self._pairs, self._ufunc
-        for level in range(below - 1, -1, -1):
+        self._leaves[self._capacity :] = self.identity
+        for level in range(self._depth - 1, self._flat_level - 1, -1):
             lo = 1 << level
             children = pairs[lo : 2 * lo]
             ufunc(children.real, children.imag, out=tree[lo : 2 * lo])
-
-    def _rebuild(self) -> None:
-        self._leaves[self._capacity :] = self.identity
-        self._rebuild_levels(self._depth)
 
 
 class SumSegmentTree(_SegmentTree):
@@ -307,7 +304,7 @@ class SumSegmentTree(_SegmentTree):
     @property
     def total(self) -> float:
         """The sum of all leaves."""
-        return float(self._tree[1])
+        return self.query()
 
     def scan_lower_bound(self, values):
         """For each ``v``, the first leaf index whose inclusive prefix sum is ``>= v``.
@@ -322,16 +319,21 @@ class SumSegmentTree(_SegmentTree):
             int64 positions: a tensor for a tensor input, an ndarray otherwise.
         """
         v = _as_value_array(values, name="values")
-        if v.size and np.isnan(v).any():
-            raise ValueError("`values` must not contain NaN.")
-        found = self._scan(v) if v.size else np.empty(0, dtype=np.int64)
-        if v.size:
-            above = v > self._tree[1]
-            positive = v > 0
-            stray = positive & ~above & (self._leaves[found] <= 0)
-            if stray.any():
-                found[stray] = self._last_positive_at_or_before(found[stray], self._capacity)
-            found[above] = self._capacity
+        if not v.size:
+            found = np.empty(0, dtype=np.int64)
+        else:
+            found = self._scan(v)
+            total = self.query()
+            # Fast path: every v in (0, total] and no zero leaf reached; NaN fails the first test.
+            if not (v.max() <= total and v.min() > 0 and self._leaves[found].min() > 0):
+                if np.isnan(v).any():
+                    raise ValueError("`values` must not contain NaN.")
+                above = v > total
+                stray = (v > 0) & ~above & (self._leaves[found] <= 0)
+                if stray.any():
+                    found[stray] = self._last_positive_at_or_before(found[stray], self._capacity)
+                found[above] = self._capacity
+                found[v <= 0] = 0
         return torch.from_numpy(found) if isinstance(values, torch.Tensor) else found
 
     def _check_values(self, value: np.ndarray) -> None:
@@ -346,20 +348,19 @@ class SumSegmentTree(_SegmentTree):
         """Raw batched descent: leaf positions in ``[0, size)`` (no handling of rounding or ``v > total``)."""
         level = self._flat_level
         lo = 1 << level
-        prefix = np.empty(lo + 1)
+        prefix = np.empty(lo + 1)  # prefix[j] = sum of the first j slots of the flat level
         prefix[0] = 0.0
         np.cumsum(self._tree[lo : 2 * lo], out=prefix[1:])
-        node = np.searchsorted(prefix, v, side="left")
-        node -= 1
-        np.clip(node, 0, lo - 1, out=node)
+        node = np.searchsorted(prefix[1:], v, side="left")
+        np.minimum(node, lo - 1, out=node)
         rest = v - prefix[node]
         node += lo
-        pairs = self._pairs
+        tree = self._tree
         for _ in range(self._depth - level):
-            left = pairs[node].real
+            node <<= 1  # left child
+            left = tree[node]
             go_right = rest > left
             rest -= left * go_right
-            node <<= 1
             node += go_right
         node -= self._size
         return node

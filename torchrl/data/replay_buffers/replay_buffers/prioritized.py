@@ -1,0 +1,111 @@
+"""Buffers that sample by priority: :class:`PrioritizedReplayBuffer` and
+:class:`TensorDictPrioritizedReplayBuffer` (a buffer preset with a :class:`PrioritizedSampler`)."""
+
+from __future__ import annotations
+
+import torch
+
+from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
+from torchrl.data.replay_buffers.replay_buffers.tensordict import TensorDictReplayBuffer
+from torchrl.data.replay_buffers.samplers.prioritized import PrioritizedSampler
+from torchrl.data.replay_buffers.storages import ListStorage, Storage
+
+
+def _storage_or_default(storage) -> Storage:
+    if storage is None:
+        return ListStorage(1000)
+    if not isinstance(storage, Storage):
+        raise TypeError(f"`storage` must be a Storage instance, got {type(storage).__name__}.")
+    return storage
+
+
+def _prioritize_existing(rb: ReplayBuffer) -> None:
+    """Items already in the storage get the default priority, so they can be sampled."""
+    n = len(rb.storage)
+    if n:
+        rb.sampler.mark_update(torch.arange(n), storage=rb.storage)
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """A :class:`ReplayBuffer` that samples items with probability proportional to ``priority ** alpha``.
+
+    New items get the highest priority seen so far; update priorities after a learning step with
+    :meth:`update_priority`. ``sample(return_info=True)`` returns the importance weights in
+    ``info["priority_weight"]`` (``(p_i / p_min) ** -beta``, at most 1).
+
+    Keyword Args:
+        alpha (float): how much prioritization is used (0 = uniform).
+        beta (float): the importance-sampling correction exponent.
+        eps (float): added to every priority so none is zero. Defaults to ``1e-8``.
+        dtype (torch.dtype): the dtype of the priority weights. Defaults to ``torch.float``.
+        storage (Storage, optional): defaults to ``ListStorage(1000)``.
+        **kwargs: the other arguments of :class:`ReplayBuffer` (``collate_fn``, ``pin_memory``, ``prefetch``,
+            ``transform``, ``batch_size``, ``dim_extend``, ``generator``, ``shared``).
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer
+        >>> rb = PrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=LazyTensorStorage(100), batch_size=4)
+        >>> index = rb.extend(torch.arange(10))
+        >>> rb.update_priority(index, torch.arange(10).float() + 1)
+        >>> data, info = rb.sample(return_info=True)
+        >>> data.shape, bool((info["priority_weight"] <= 1).all())
+        (torch.Size([4]), True)
+    """
+
+    def __init__(self, *, alpha: float, beta: float, eps: float = 1e-8, dtype: torch.dtype = torch.float,
+                 storage: Storage | None = None, **kwargs) -> None:
+        if "sampler" in kwargs:
+            raise TypeError(
+                "PrioritizedReplayBuffer builds its own PrioritizedSampler: pass alpha/beta/eps/dtype, or use "
+                "ReplayBuffer(sampler=...) for another sampler."
+            )
+        storage = _storage_or_default(storage)
+        sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps=eps, dtype=dtype)
+        super().__init__(storage=storage, sampler=sampler, **kwargs)
+        _prioritize_existing(self)
+
+
+class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
+    """A :class:`TensorDictReplayBuffer` that samples by priority and reads priorities from the data.
+
+    ``extend``/``add`` read each item's priority from ``priority_key`` when the entry is present (reduced over
+    its trailing dims with ``reduction``); :meth:`update_tensordict_priority` does the same for a sampled batch
+    after the learner wrote its new ``priority_key`` values. Sampled batches carry ``"index"`` and
+    ``"priority_weight"``.
+
+    Keyword Args:
+        alpha (float): how much prioritization is used (0 = uniform).
+        beta (float): the importance-sampling correction exponent.
+        priority_key (NestedKey): the entry holding priorities. Defaults to ``"td_error"``.
+        eps (float): added to every priority. Defaults to ``1e-8``.
+        reduction (str): how a priority entry with extra dims is reduced per item: ``"max"``, ``"min"``,
+            ``"sum"``, ``"mean"`` or ``"median"``. Defaults to ``"max"``.
+        storage (Storage, optional): defaults to ``ListStorage(1000)``.
+        **kwargs: the other arguments of :class:`ReplayBuffer`.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
+        >>> rb = TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=LazyTensorStorage(100), batch_size=8)
+        >>> _ = rb.extend(TensorDict(obs=torch.randn(20, 3), td_error=torch.rand(20), batch_size=[20]))
+        >>> batch = rb.sample()
+        >>> sorted(batch.keys())
+        ['index', 'obs', 'priority_weight', 'td_error']
+        >>> batch["td_error"] = torch.rand(8)  # the learner's new errors
+        >>> rb.update_tensordict_priority(batch)
+    """
+
+    def __init__(self, *, alpha: float, beta: float, priority_key="td_error", eps: float = 1e-8,
+                 reduction: str = "max", dtype: torch.dtype = torch.float, storage: Storage | None = None,
+                 **kwargs) -> None:
+        if "sampler" in kwargs:
+            raise TypeError(
+                "TensorDictPrioritizedReplayBuffer builds its own PrioritizedSampler: pass alpha/beta/eps/"
+                "reduction, or use TensorDictReplayBuffer(sampler=...) for another sampler."
+            )
+        storage = _storage_or_default(storage)
+        sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps=eps, dtype=dtype, reduction=reduction)
+        super().__init__(priority_key=priority_key, storage=storage, sampler=sampler, **kwargs)
+        _prioritize_existing(self)

@@ -1,0 +1,546 @@
+"""Prioritized experience replay: :class:`PrioritizedSampler` and the :func:`reduce_priority` helper.
+
+Each stored item ``i`` has a raw priority ``p_i`` (a learner sets it, e.g. from the TD error; a new item
+gets the largest priority seen so far). The sampler stores ``q_i = (p_i + eps) ** alpha`` in a sum tree and
+a min tree (float64, :mod:`.segment_tree`) and draws item ``i`` with probability ``q_i / sum_j q_j``. The
+importance weight returned with it is ``(q_i / min_j q_j) ** -beta``: the usual
+``(N * P(i)) ** -beta`` divided by its largest possible value, so weights lie in ``(0, 1]`` and equal ``1``
+for the least likely item. Positions index storage cells in row-major order (``ndim > 1`` storages are
+raveled with their shape) and only the first ``len(storage)`` of them are ever sampled.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, unravel
+from torchrl.data.replay_buffers.samplers.segment_tree import (
+    MinSegmentTree,
+    SumSegmentTree,
+    _as_index_array,
+    _as_value_array,
+    _last_wins,
+)
+
+REDUCTIONS = ("max", "min", "sum", "mean", "median")
+_NUMPY_DTYPES = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}
+
+
+def _check_reduction(reduction) -> str:
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"`reduction` must be one of {list(REDUCTIONS)}, got {reduction!r}.")
+    return reduction
+
+
+def reduce_priority(priority, reduction: str = "max", *, batch_dims: int = 1) -> torch.Tensor:
+    """Reduces a priority tensor to one value per item over its trailing dims.
+
+    A TensorDict buffer reads priorities from an entry of the batch (e.g. ``"td_error"``) whose shape may
+    carry extra dims per item (a time axis, several critics); prioritized sampling needs one number per
+    item, obtained with ``reduction`` over every dim after the ``batch_dims`` leading ones.
+
+    Args:
+        priority (tensor, ndarray, sequence or number): the priorities, items along the leading dims.
+        reduction (str): one of ``"max"``, ``"min"``, ``"sum"``, ``"mean"``, ``"median"`` (the lower
+            median, as :func:`torch.median`). Defaults to ``"max"``.
+
+    Keyword Args:
+        batch_dims (int): how many leading dims index items. Defaults to ``1``.
+
+    Returns:
+        a tensor of shape ``priority.shape[:batch_dims]`` (``priority`` itself when it has no extra dim);
+        integer priorities are reduced as float64.
+
+    Examples:
+        >>> import torch
+        >>> reduce_priority(torch.tensor([[1.0, 3.0], [2.0, 0.0]]), "max")
+        tensor([3., 2.])
+        >>> reduce_priority(torch.tensor([[1.0, 3.0], [2.0, 0.0]]), "mean")
+        tensor([2., 1.])
+    """
+    _check_reduction(reduction)
+    if isinstance(batch_dims, bool) or not isinstance(batch_dims, int) or batch_dims < 0:
+        raise ValueError(f"`batch_dims` must be an int >= 0, got {batch_dims!r}.")
+    priority = torch.as_tensor(priority)
+    if priority.ndim <= batch_dims:
+        return priority
+    if not priority.is_floating_point():
+        priority = priority.to(torch.float64)
+    flat = priority.reshape(*priority.shape[:batch_dims], -1)
+    if reduction == "max":
+        return flat.amax(-1)
+    if reduction == "min":
+        return flat.amin(-1)
+    if reduction == "sum":
+        return flat.sum(-1)
+    if reduction == "mean":
+        return flat.mean(-1)
+    return flat.median(-1).values
+
+
+def _check_exponent(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`{name}` must be a real number >= 0, got {value!r} ({type(value).__name__}).")
+    value = float(value)
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"`{name}` must be a finite number >= 0, got {value}.")
+    return value
+
+
+def _check_max_capacity(max_capacity) -> int:
+    if isinstance(max_capacity, bool) or not isinstance(max_capacity, (int, np.integer)):
+        raise TypeError(
+            f"`max_capacity` must be a positive int (the storage's max_size), got {max_capacity!r} "
+            f"({type(max_capacity).__name__})."
+        )
+    if max_capacity <= 0:
+        raise ValueError(
+            f"`max_capacity` must be a positive int (the storage's max_size), got {max_capacity}."
+        )
+    return int(max_capacity)
+
+
+def _check_dtype(dtype) -> torch.dtype:
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(
+            f"`dtype` must be a floating-point torch.dtype, got {dtype!r} ({type(dtype).__name__})."
+        )
+    if not dtype.is_floating_point:
+        raise ValueError(f"`dtype` must be a floating-point torch.dtype (e.g. torch.float), got {dtype}.")
+    return dtype
+
+
+class PrioritizedSampler(Sampler):
+    """Samples items in proportion to their priority (Schaul et al., 2015, "Prioritized Experience Replay").
+
+    Item ``i`` with priority ``p_i`` is drawn with probability ``(p_i + eps) ** alpha / sum_j (p_j + eps)
+    ** alpha`` (with replacement); ``info["priority_weight"]`` holds the importance weights
+    ``(q_i / q_min) ** -beta`` of the drawn items, ``q = (p + eps) ** alpha``, in ``(0, 1]``. Written items
+    (``mark_update``/``extend``/``add``) get :attr:`default_priority`, the largest priority seen, so they are
+    sampled at least once soon; learners then call :meth:`update_priority`. The sums live in a float64
+    segment tree: sampling and updating a batch cost ``O(batch * log(max_capacity))``.
+
+    Stateful (priorities), so a DataLoader worker copy would sample from stale priorities:
+    ``requires_shared_state = True``.
+
+    Args:
+        max_capacity (int): the number of items the storage can hold (its ``max_size``; cells for
+            ``ndim > 1`` storages).
+        alpha (float): how strongly priorities shape sampling; ``0`` is uniform sampling.
+        beta (float): the importance-sampling correction exponent; ``0`` gives weights of ``1``.
+        eps (float): added to every priority so that no item has probability zero. Defaults to ``1e-8``.
+        dtype (torch.dtype): the dtype of ``info["priority_weight"]``; sums are float64 regardless.
+            Defaults to ``torch.float``.
+        reduction (str): how a TensorDict buffer reduces a priority entry with extra dims per item (see
+            :func:`reduce_priority`); :meth:`update_priority` applies it to priorities of shape ``[N, ...]``.
+            Defaults to ``"max"``.
+        max_priority_within_buffer (bool): if ``True``, :attr:`default_priority` is the largest priority of
+            the items currently stored (overwriting the item that holds it lowers it); if ``False``, the
+            largest ever set. Defaults to ``False``.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data.replay_buffers.storages import LazyTensorStorage
+        >>> from torchrl.data.replay_buffers.samplers.prioritized import PrioritizedSampler
+        >>> storage = LazyTensorStorage(8)
+        >>> storage.set(torch.arange(4), torch.arange(4))
+        >>> sampler = PrioritizedSampler(8, alpha=1.0, beta=1.0, eps=0.0)
+        >>> sampler.extend(torch.arange(4))
+        >>> sampler.update_priority(torch.arange(4), torch.tensor([0.0, 0.0, 1.0, 3.0]))
+        >>> sampler._rng = torch.Generator().manual_seed(0)
+        >>> index, info = sampler.sample(storage, 1000)
+        >>> sorted(index.unique().tolist())
+        [2, 3]
+        >>> sorted(info["priority_weight"].unique().tolist())
+        [0.3333333432674408, 1.0]
+    """
+
+    requires_shared_state = True
+
+    def __init__(
+        self,
+        max_capacity: int,
+        alpha: float,
+        beta: float,
+        eps: float = 1e-8,
+        dtype: torch.dtype = torch.float,
+        reduction: str = "max",
+        max_priority_within_buffer: bool = False,
+    ) -> None:
+        self._max_capacity = _check_max_capacity(max_capacity)
+        self._alpha = _check_exponent("alpha", alpha)
+        self._beta = _check_exponent("beta", beta)
+        self._eps = _check_exponent("eps", eps)
+        self._dtype = _check_dtype(dtype)
+        self._reduction = _check_reduction(reduction)
+        self._max_priority_within_buffer = bool(max_priority_within_buffer)
+        self._storage_shape: tuple[int, ...] | None = None
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self._sum_tree = SumSegmentTree(self._max_capacity)
+        # Zero priorities are stored as +inf in the min tree: such items are never drawn, so the weight
+        # normalization uses the smallest positive priority.
+        self._min_tree = MinSegmentTree(self._max_capacity)
+        self._priority = np.full(self._max_capacity, np.nan)  # raw priorities; NaN = never set
+        self._max_priority: float | None = None
+        self._max_priority_index = -1
+
+    # -- configuration --------------------------------------------------------------------------------------
+    @property
+    def max_capacity(self) -> int:
+        return self._max_capacity
+
+    max_size = max_capacity
+
+    @property
+    def alpha(self) -> float:
+        return self._alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        value = _check_exponent("alpha", value)
+        if value != self._alpha:
+            self._alpha = value
+            self._reexpress()
+
+    @property
+    def beta(self) -> float:
+        return self._beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        self._beta = _check_exponent("beta", value)
+
+    @property
+    def reduction(self) -> str:
+        """How a priority with extra dims per item is reduced (see :func:`reduce_priority`)."""
+        return self._reduction
+
+    @reduction.setter
+    def reduction(self, value: str) -> None:
+        self._reduction = _check_reduction(value)
+
+    @property
+    def eps(self) -> float:
+        return self._eps
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def max_priority_within_buffer(self) -> bool:
+        return self._max_priority_within_buffer
+
+    @property
+    def default_priority(self) -> float:
+        """The raw priority given to written items: the largest priority seen, ``1.0`` before any."""
+        return 1.0 if self._max_priority is None else self._max_priority
+
+    # -- sampling -------------------------------------------------------------------------------------------
+    def sample(self, storage, batch_size: int) -> tuple[Any, dict[str, torch.Tensor]]:
+        """Draws ``batch_size`` positions of ``storage`` in proportion to their priorities.
+
+        Returns:
+            ``(index, {"priority_weight": weights})``: ``index`` is a 1-D int64 tensor for 1-D storages and a
+            tuple of per-dimension tensors for ``ndim > 1`` storages.
+
+        Raises:
+            RuntimeError: the storage is empty, larger than ``max_capacity``, or every stored item has a
+                priority of zero.
+        """
+        batch_size = check_batch_size(batch_size)
+        n = len(storage)
+        if n == 0:
+            raise RuntimeError("Cannot sample from an empty storage: add data first (rb.add / rb.extend).")
+        if n > self._max_capacity:
+            raise RuntimeError(
+                f"The storage holds {n} items but the sampler was built with `max_capacity`="
+                f"{self._max_capacity}: build PrioritizedSampler with max_capacity >= the storage's max_size."
+            )
+        self._remember_shape(storage)
+        sum_tree = self._sum_tree
+        total = sum_tree.query(0, n)
+        if not total > 0:
+            raise RuntimeError(
+                f"Every one of the {n} stored items has priority zero (or none was set): tell the sampler "
+                f"about written items (sampler.extend(index)) or set positive priorities with "
+                f"update_priority()."
+            )
+        rng = self._rng
+        if rng is None or rng.device.type == "cpu":
+            u = torch.rand(batch_size, generator=rng, dtype=torch.float64).numpy()
+        else:
+            u = torch.rand(batch_size, generator=rng, dtype=torch.float64, device=rng.device).cpu().numpy()
+        v = (1.0 - u) * total  # in (0, total]: a leaf holding zero is never the first to reach v
+        index = sum_tree._scan(v)
+        leaves = sum_tree._leaves
+        q = leaves[index]
+        if not (index.max() < n and q.min() > 0):  # partial sums rounded past the last positive leaf
+            stray = (index >= n) | (q <= 0)
+            index[stray] = sum_tree._last_positive_at_or_before(index[stray], n)
+            q = leaves[index]
+        q_min = self._min_tree.query(0, n)
+        weight = np.power(q / q_min, -self._beta)
+        numpy_dtype = _NUMPY_DTYPES.get(self._dtype)
+        if numpy_dtype is not None:
+            weight = torch.from_numpy(weight.astype(numpy_dtype, copy=False))
+        else:
+            weight = torch.from_numpy(weight).to(self._dtype)
+        return unravel(torch.from_numpy(index), storage), {"priority_weight": weight}
+
+    # -- priorities -----------------------------------------------------------------------------------------
+    def update_priority(self, index, priority, *, storage=None) -> None:
+        """Sets the raw priorities of the items at ``index``.
+
+        Args:
+            index: an int, a 1-D tensor/sequence of flat positions, or for ``ndim > 1`` storages a tuple of
+                per-dimension tensors or an ``[N, ndim]`` tensor. Entries equal to ``-1`` (items a writer
+                did not insert) are skipped; when a position repeats, the last priority wins.
+            priority: a number, or one priority per index (tensor of any real dtype, ndarray or sequence);
+                a tensor of shape ``[N, ...]`` is first reduced with ``reduction``. Must be finite and
+                ``>= 0``.
+
+        Keyword Args:
+            storage (Storage, optional): the storage indexed, needed to ravel per-dimension indices of
+                ``ndim > 1`` storages (remembered once seen). Defaults to ``None``.
+        """
+        flat = self._flat_index(index, storage)
+        values = self._priority_values(priority, flat.size)
+        keep = self._kept_positions(flat)
+        if keep is not None:
+            flat, values = flat[keep], values[keep]
+        if not flat.size:
+            return
+        if not (values.min() >= 0 and values.max() < np.inf):
+            bad = values[~((values >= 0) & (values < np.inf))][:3]
+            raise ValueError(f"`priority` must be finite and >= 0, got {bad.tolist()}.")
+        flat, values = _last_wins(flat, values)
+        self._write(flat, values)
+        self._track_max(flat, values)
+
+    def mark_update(self, index, *, storage=None) -> None:
+        """Gives the written items at ``index`` the :attr:`default_priority` (``-1`` entries skipped)."""
+        flat = self._flat_index(index, storage)
+        keep = self._kept_positions(flat)
+        if keep is not None:
+            flat = flat[keep]
+        if not flat.size:
+            return
+        if self._max_priority_within_buffer and self._max_priority_index >= 0:
+            if (flat == self._max_priority_index).any():  # the item holding the max is overwritten
+                self._recompute_max(exclude=flat)
+        self._write(flat, np.full(flat.size, self.default_priority))
+        if self._max_priority is None:
+            self._max_priority, self._max_priority_index = self.default_priority, int(flat[0])
+
+    def extend(self, index) -> None:
+        """Called after a batch was written at ``index``: same as :meth:`mark_update`."""
+        self.mark_update(index)
+
+    def add(self, index) -> None:
+        """Called after one item was written at ``index``: same as :meth:`mark_update`."""
+        self.mark_update(index)
+
+    # -- state ----------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The priorities, both trees, the max priority and ``alpha``/``beta``/``eps``/``max_capacity``."""
+        return {
+            "max_capacity": self._max_capacity,
+            "alpha": self._alpha,
+            "beta": self._beta,
+            "eps": self._eps,
+            "max_priority": self._max_priority,
+            "max_priority_index": self._max_priority_index,
+            "priority": torch.from_numpy(self._priority.copy()),
+            "sum_tree": self._sum_tree.state_dict(),
+            "min_tree": self._min_tree.state_dict(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores a state saved by :meth:`state_dict`; a bad state raises and leaves the sampler as is.
+
+        Raises:
+            ValueError: the state was saved by a sampler of another ``max_capacity`` or is malformed.
+        """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(
+                f"`state_dict` must be the dict returned by PrioritizedSampler.state_dict(), got "
+                f"{type(state_dict).__name__}."
+            )
+        required = {"max_capacity", "alpha", "beta", "eps", "priority", "sum_tree", "min_tree"}
+        missing = required - set(state_dict)
+        if missing:
+            raise ValueError(
+                f"`state_dict` is missing {sorted(missing)}: pass what PrioritizedSampler.state_dict() "
+                f"returned."
+            )
+        capacity = int(state_dict["max_capacity"])
+        if capacity != self._max_capacity:
+            raise ValueError(
+                f"`state_dict` was saved by a PrioritizedSampler with max_capacity={capacity}, this one has "
+                f"max_capacity={self._max_capacity}: build the sampler with max_capacity={capacity} to load "
+                f"it."
+            )
+        alpha = _check_exponent("alpha", state_dict["alpha"])
+        beta = _check_exponent("beta", state_dict["beta"])
+        eps = _check_exponent("eps", state_dict["eps"])
+        priority = _as_value_array(state_dict["priority"], name="state_dict['priority']")
+        if priority.size != capacity:
+            raise ValueError(f"`state_dict['priority']` has {priority.size} entries, expected {capacity}.")
+        sum_tree, min_tree = SumSegmentTree(capacity), MinSegmentTree(capacity)
+        sum_tree.load_state_dict(state_dict["sum_tree"])
+        min_tree.load_state_dict(state_dict["min_tree"])
+        max_priority = state_dict.get("max_priority")
+        if max_priority is not None:
+            max_priority = _check_exponent("max_priority", max_priority)
+        max_index = state_dict.get("max_priority_index", -1)
+        valid_index = isinstance(max_index, (int, np.integer)) and not isinstance(max_index, bool)
+        if not (valid_index and -1 <= max_index < capacity):
+            raise ValueError(f"`max_priority_index` must be an int in [-1, {capacity}), got {max_index!r}.")
+        self._alpha, self._beta, self._eps = alpha, beta, eps
+        self._priority = priority.copy()
+        self._sum_tree, self._min_tree = sum_tree, min_tree
+        self._max_priority = max_priority
+        self._max_priority_index = int(max_index)
+
+    def _empty(self) -> None:
+        self._init_state()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(max_capacity={self._max_capacity}, alpha={self._alpha}, "
+            f"beta={self._beta}, eps={self._eps}, reduction={self.reduction!r})"
+        )
+
+    # -- internals ------------------------------------------------------------------------------------------
+    def _write(self, flat: np.ndarray, raw: np.ndarray) -> None:
+        """Stores raw priorities at unique in-range positions and their transforms in both trees."""
+        self._priority[flat] = raw
+        q = np.power(raw + self._eps, self._alpha)
+        self._sum_tree._update_unique(flat, q)
+        self._min_tree._update_unique(flat, np.where(q > 0, q, np.inf))
+
+    def _track_max(self, flat: np.ndarray, values: np.ndarray) -> None:
+        k = int(values.argmax())
+        top = float(values[k])
+        if self._max_priority is None or top >= self._max_priority:
+            self._max_priority, self._max_priority_index = top, int(flat[k])
+        elif self._max_priority_within_buffer and (flat == self._max_priority_index).any():
+            self._recompute_max()
+
+    def _recompute_max(self, exclude: np.ndarray | None = None) -> None:
+        """The max over the stored raw priorities (minus ``exclude``); ``None`` (-> 1.0) if there are none."""
+        raw = self._priority
+        if exclude is not None:
+            raw = raw.copy()
+            raw[exclude] = np.nan
+        if np.isnan(raw).all():
+            self._max_priority, self._max_priority_index = None, -1
+            return
+        k = int(np.nanargmax(raw))
+        self._max_priority, self._max_priority_index = float(raw[k]), k
+
+    def _reexpress(self) -> None:
+        """Recomputes every stored ``(p + eps) ** alpha`` (after ``alpha`` changed)."""
+        known = ~np.isnan(self._priority)
+        q = np.zeros(self._max_capacity)
+        q[known] = np.power(self._priority[known] + self._eps, self._alpha)
+        self._sum_tree._leaves[: self._max_capacity] = q
+        self._sum_tree._rebuild()
+        self._min_tree._leaves[: self._max_capacity] = np.where(q > 0, q, np.inf)
+        self._min_tree._rebuild()
+
+    def _kept_positions(self, flat: np.ndarray) -> np.ndarray | None:
+        """Checks the positions; returns the mask of the entries other than ``-1`` (``None``: all)."""
+        if not flat.size:
+            return None
+        keep = None
+        lo, hi = flat.min(), flat.max()
+        if lo == -1:
+            keep = flat != -1
+            kept = flat[keep]
+            lo, hi = (kept.min(), kept.max()) if kept.size else (0, 0)
+        if lo < 0 or hi >= self._max_capacity:
+            bad = lo if lo < 0 else hi
+            raise IndexError(
+                f"`index` {bad} is out of range for a PrioritizedSampler of max_capacity "
+                f"{self._max_capacity}: pass positions in [0, {self._max_capacity}) (or -1 to skip an entry)."
+            )
+        return keep
+
+    def _remember_shape(self, storage) -> None:
+        if storage is not None and storage.ndim > 1:
+            try:
+                self._storage_shape = tuple(storage.shape)
+            except RuntimeError:  # a lazy storage before its first write has no shape yet
+                pass
+
+    def _flat_index(self, index, storage) -> np.ndarray:
+        """Flat int64 positions (``-1`` kept for skipped entries) from any accepted index form."""
+        if storage is not None:
+            self._remember_shape(storage)
+        if isinstance(index, torch.Tensor) and index.ndim == 1 and index.dtype == torch.long:
+            if index.device.type == "cpu":
+                return index.numpy()  # the common case, read-only from here on
+        if isinstance(index, tuple) and len(index) == 1 and not isinstance(index[0], (int, np.integer)):
+            index = index[0]  # a per-dimension index of a 1-D storage
+        ndim = storage.ndim if storage is not None else len(self._storage_shape or (None,))
+        per_dim = isinstance(index, tuple) and (
+            ndim > 1 or any(isinstance(i, (torch.Tensor, np.ndarray)) for i in index)
+        )
+        if per_dim:
+            return self._ravel([_as_index_array(i, "index") for i in index])
+        if isinstance(index, torch.Tensor):
+            if index.ndim != 2:
+                return _as_index_array(index)
+            index = index.detach().cpu().numpy()
+        elif not isinstance(index, (np.ndarray, list)) or np.ndim(index) != 2:
+            return _as_index_array(index)
+        rows = np.asarray(index)  # [N, ndim] coordinates
+        if rows.shape[-1] == 1:
+            return _as_index_array(rows.reshape(-1))
+        return self._ravel([_as_index_array(rows[:, d]) for d in range(rows.shape[-1])])
+
+    def _ravel(self, coords: list[np.ndarray]) -> np.ndarray:
+        shape = self._storage_shape
+        if shape is None or len(shape) != len(coords):
+            raise ValueError(
+                f"A per-dimension index with {len(coords)} dims needs the shape of an ndim={len(coords)} "
+                f"storage: pass `storage=` (the sampler knows {shape})."
+            )
+        if len({c.size for c in coords}) > 1:
+            raise ValueError(f"The per-dimension index tensors differ in length: {[c.size for c in coords]}.")
+        skipped = np.zeros(coords[0].size, dtype=bool)
+        flat = np.zeros(coords[0].size, dtype=np.int64)
+        for c, size in zip(coords, shape):
+            skipped |= c == -1
+            if c.size and ((c < -1).any() or (c >= size).any()):
+                raise IndexError(
+                    f"`index` entries {c[(c < -1) | (c >= size)][:3].tolist()} are out of range for a "
+                    f"storage of shape {list(shape)}: pass coordinates in [0, size) per dim (or -1 to skip "
+                    f"an entry)."
+                )
+            flat = flat * size + c
+        flat[skipped] = -1
+        return flat
+
+    def _priority_values(self, priority, count: int) -> np.ndarray:
+        if isinstance(priority, torch.Tensor) and priority.ndim == 1 and priority.numel() == count:
+            return priority.detach().to("cpu", torch.float64).numpy()  # the common case, read-only
+        if isinstance(priority, torch.Tensor) and priority.ndim > 1 and priority.numel() != count:
+            if priority.shape[0] != count:
+                raise ValueError(
+                    f"`priority` of shape {list(priority.shape)} does not match the {count} indices: pass "
+                    f"one priority per index (shape [{count}] or [{count}, ...], reduced with "
+                    f"reduction={self.reduction!r})."
+                )
+            priority = reduce_priority(priority, self.reduction)
+        return _as_value_array(priority, count, name="priority")

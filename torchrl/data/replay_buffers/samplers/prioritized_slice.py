@@ -1,0 +1,194 @@
+"""Trajectory slices whose starts are drawn by priority: :class:`PrioritizedSliceSampler`."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from tensordict import NestedKey
+
+from torchrl.data.replay_buffers.samplers.base import check_batch_size
+from torchrl.data.replay_buffers.samplers.prioritized import PrioritizedSampler
+from torchrl.data.replay_buffers.samplers.slice import _BELOW_ONE, SliceSampler, _Boundaries, _Eligible
+
+
+class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
+    """Samples slices of trajectories, each starting at a stored step drawn in proportion to its priority.
+
+    Priorities are per stored step, as in :class:`PrioritizedSampler` (new steps get the largest priority
+    seen; learners call :meth:`update_priority` with the batch index and one priority per step). A slice
+    start is drawn among the steps that can start a slice (with ``strict_length=True``, the steps followed
+    by at least ``slice_len - 1`` steps of the same trajectory, plus ``right`` with a span), with probability
+    ``(p + eps) ** alpha`` over the sum of those of all such steps. Slices follow the rules of
+    :class:`SliceSampler` (no slice crosses a trajectory boundary, the ring-buffer wrap or an env column).
+
+    ``info["priority_weight"]`` holds, on every step of a slice, the importance weight of its start,
+    ``(q_start / q_min) ** -beta`` with ``q = (p + eps) ** alpha`` and ``q_min`` the smallest positive
+    ``q`` stored (weights lie in ``(0, 1]``).
+
+    Stateful (priorities): ``requires_shared_state = True``.
+
+    Args:
+        max_capacity, alpha, beta, eps, dtype, reduction: as in :class:`PrioritizedSampler`.
+
+    Keyword Args:
+        num_slices, slice_len, end_key, traj_key, ends, trajectories, cache_values, truncated_key,
+            strict_length: as in :class:`SliceSampler`.
+        span (bool, int or (left, right)): as in :class:`SliceSampler`, but only the right side is used: a
+            start is a stored step with a priority, so slices cannot start before a trajectory (a left span
+            is ignored with a warning). Defaults to ``False``.
+        max_priority_within_buffer (bool): as in :class:`PrioritizedSampler`. Defaults to ``False``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage
+        >>> from torchrl.data.replay_buffers.samplers.prioritized_slice import PrioritizedSliceSampler
+        >>> storage = LazyTensorStorage(100)
+        >>> storage.set(torch.arange(40), TensorDict(episode=torch.arange(40) // 10, batch_size=[40]))
+        >>> sampler = PrioritizedSliceSampler(
+        ...     100, alpha=1.0, beta=1.0, eps=0.0, slice_len=4, traj_key="episode"
+        ... )
+        >>> sampler.extend(torch.arange(40))  # what a replay buffer does after a write
+        >>> priority = torch.zeros(40)
+        >>> priority[[3, 21]] = 1.0
+        >>> sampler.update_priority(torch.arange(40), priority)
+        >>> index, info = sampler.sample(storage, 16)
+        >>> sorted(set(index[0].view(4, 4)[:, 0].tolist()) | {3, 21})
+        [3, 21]
+        >>> info["priority_weight"].shape
+        torch.Size([16])
+    """
+
+    requires_shared_state = True
+
+    def __init__(
+        self,
+        max_capacity: int,
+        alpha: float,
+        beta: float,
+        eps: float = 1e-8,
+        dtype: torch.dtype = torch.float,
+        reduction: str = "max",
+        *,
+        num_slices: int | None = None,
+        slice_len: int | None = None,
+        end_key: NestedKey | None = None,
+        traj_key: NestedKey | None = None,
+        ends: torch.Tensor | None = None,
+        trajectories: torch.Tensor | None = None,
+        cache_values: bool = False,
+        truncated_key: NestedKey | None = ("next", "truncated"),
+        strict_length: bool = True,
+        span: bool | int | tuple = False,
+        max_priority_within_buffer: bool = False,
+    ):
+        PrioritizedSampler.__init__(
+            self,
+            max_capacity,
+            alpha,
+            beta,
+            eps=eps,
+            dtype=dtype,
+            reduction=reduction,
+            max_priority_within_buffer=max_priority_within_buffer,
+        )
+        SliceSampler.__init__(
+            self,
+            num_slices=num_slices,
+            slice_len=slice_len,
+            end_key=end_key,
+            traj_key=traj_key,
+            ends=ends,
+            trajectories=trajectories,
+            cache_values=cache_values,
+            truncated_key=truncated_key,
+            strict_length=strict_length,
+            span=span,
+        )
+        if self.span[0] is not False and self.span[0] != 0:
+            warnings.warn(
+                f"PrioritizedSliceSampler ignores the left part of `span`={span!r}: slices start at a stored "
+                f"step drawn by priority, never before a trajectory. Pass span=(0, right) to silence this.",
+                UserWarning,
+                stacklevel=2,
+            )
+            self.span = (False, self.span[1])
+
+    # -- sampling --------------------------------------------------------------------------------------------
+    def _start_cells(self, bounds: _Boundaries, elig: _Eligible, slice_len: int):
+        """Every step that can start a slice: ``(trajectory in elig, offset, storage cell)`` (cached)."""
+        key = ("prioritized_starts", slice_len)
+        cached = bounds.extra.get(key)
+        if cached is None:
+            count = elig.count  # offsets 0 .. count - 1 (no left span)
+            owner = torch.repeat_interleave(torch.arange(count.numel(), device=count.device), count)
+            first = torch.cumsum(count, 0) - count
+            offsets = torch.arange(owner.numel(), device=count.device) - first.index_select(0, owner)
+            flat = elig.starts.index_select(0, owner) + offsets
+            _, cells = bounds.index.storage_index(flat)
+            cached = bounds.extra[key] = (owner, offsets, cells.cpu().numpy())
+        return cached
+
+    def sample(self, storage, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:
+        batch_size = check_batch_size(batch_size)
+        num_slices, slice_len = self._slice_shape(batch_size)
+        n = len(storage)
+        if n > self._max_capacity:
+            raise RuntimeError(
+                f"The storage holds {n} items but the sampler was built with `max_capacity`="
+                f"{self._max_capacity}: build PrioritizedSliceSampler with max_capacity >= the storage's "
+                f"max_size."
+            )
+        self._remember_shape(storage)
+        bounds = self._boundaries(storage)
+        elig = self._eligible(bounds, slice_len)
+        owner, offsets, cells = self._start_cells(bounds, elig, slice_len)
+        q = self._sum_tree._leaves[cells]
+        cumulative = np.cumsum(q)
+        total = float(cumulative[-1])
+        if not total > 0:
+            raise RuntimeError(
+                f"Every one of the {cells.size} steps that can start a slice of {slice_len} steps has "
+                f"priority zero (or none was set): tell the sampler about written steps "
+                f"(sampler.extend(index), done by the replay buffer) or set positive priorities with "
+                f"update_priority()."
+            )
+        u = self._uniform(num_slices, torch.device("cpu")).numpy()
+        pick = np.searchsorted(cumulative, u * (total * _BELOW_ONE), side="right")
+        np.minimum(pick, cells.size - 1, out=pick)
+        q_min = self._min_tree.query(0, n)
+        weight = torch.from_numpy(np.power(q[pick] / q_min, -self._beta)).to(self._dtype)
+        pick = torch.from_numpy(pick).to(owner.device)
+        return self._build_slices(
+            bounds,
+            elig,
+            owner.index_select(0, pick),
+            offsets.index_select(0, pick),
+            slice_len,
+            per_slice={"priority_weight": weight.to(owner.device)},
+        )
+
+    # -- notifications and state -----------------------------------------------------------------------------
+    def add(self, index) -> None:
+        SliceSampler.add(self, index)
+        PrioritizedSampler.add(self, index)
+
+    def extend(self, index) -> None:
+        SliceSampler.extend(self, index)
+        PrioritizedSampler.extend(self, index)
+
+    def mark_update(self, index, *, storage=None) -> None:
+        SliceSampler.mark_update(self, index, storage=storage)
+        PrioritizedSampler.mark_update(self, index, storage=storage)
+
+    def _empty(self) -> None:
+        SliceSampler._empty(self)
+        PrioritizedSampler._empty(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"{SliceSampler.__repr__(self)[:-1]}, max_capacity={self._max_capacity}, alpha={self._alpha}, "
+            f"beta={self._beta}, eps={self._eps})"
+        )
