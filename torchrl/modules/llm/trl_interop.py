@@ -24,13 +24,21 @@ def _flat_name(key) -> str:
     return ".".join(key) if isinstance(key, tuple) else key
 
 
+def _is_leaf(cls: type) -> bool:
+    """Tensors and non-tensor entries are leaves; nested TensorDicts are not."""
+    return not issubclass(cls, TensorDictBase) or issubclass(cls, (NonTensorData, NonTensorStack))
+
+
 def _leaf_keys(batch: TensorDictBase) -> list:
-    keys = []
-    for key in batch.keys(include_nested=True):
-        value = batch.get(key)
-        if isinstance(value, (NonTensorData, NonTensorStack)) or not isinstance(value, TensorDictBase):
-            keys.append(key)
-    return keys
+    return list(batch.keys(include_nested=True, leaves_only=True, is_leaf=_is_leaf))
+
+
+def _column(batch: TensorDictBase, key):
+    """The entry ``key`` of every item: a batched tensor, or a list of tensors for ragged lazy stacks."""
+    try:
+        return batch.get(key)
+    except RuntimeError:  # a lazy stack of items whose tensors differ in shape
+        return batch.get(key, as_list=True)
 
 
 def _unwrap(value) -> Any:
@@ -111,6 +119,10 @@ class TorchRLBufferDataset(ReplayBufferDataset):
     def _check_batch_size(replay_buffer) -> None:
         return None  # the dataset has its own batch size
 
+    def __len__(self) -> int:
+        """The number of items (``num_batches * batch_size``); a ``TypeError`` for an endless dataset."""
+        return super().__len__() * self.batch_size
+
     def _draw(self):
         batch = self.replay_buffer.sample(self.batch_size)
         if not isinstance(batch, TensorDictBase):
@@ -136,13 +148,13 @@ class TorchRLBufferDataset(ReplayBufferDataset):
         keys = self._selected_keys(batch)
         columns = {}
         for key in keys:
-            value = batch.get(key)
+            value = _column(batch, key)
             if isinstance(value, (NonTensorData, NonTensorStack)):
                 value = _unwrap(value)
                 if not isinstance(value, list):
                     value = [value] * batch.batch_size[0]
             elif self.device is not None:
-                value = value.to(self.device)
+                value = [v.to(self.device) for v in value] if isinstance(value, list) else value.to(self.device)
             columns[_flat_name(key)] = value
         for i in range(batch.batch_size[0]):
             yield {name: column[i] for name, column in columns.items()}
@@ -160,7 +172,11 @@ class TorchRLBufferDataset(ReplayBufferDataset):
             raise ImportError(
                 "as_hf_dataset() needs the `datasets` package: pip install datasets (or torchrl[hf])."
             ) from err
-        return datasets.IterableDataset.from_generator(_generate, gen_kwargs={"dataset": self})
+        # ``IterableDataset.from_generator`` would pickle the whole buffer to fingerprint it (a full copy, and
+        # an error for shared-memory data): build the iterable directly instead.
+        from datasets.iterable_dataset import ExamplesIterable
+
+        return datasets.IterableDataset(ExamplesIterable(_generate_examples, {"dataset": self}))
 
     def __repr__(self) -> str:
         keys = "<all>" if self.keys is None else self.keys
@@ -170,5 +186,5 @@ class TorchRLBufferDataset(ReplayBufferDataset):
         )
 
 
-def _generate(dataset: TorchRLBufferDataset):
-    yield from dataset
+def _generate_examples(dataset: TorchRLBufferDataset):
+    yield from enumerate(dataset)

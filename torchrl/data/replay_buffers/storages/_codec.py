@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from tensordict import TensorDict, TensorDictBase, is_tensorclass
+from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase, is_tensorclass
 
 TENSOR_KEY = "_tensor"
 KINDS = ("tensor", "tensordict", "tensorclass", "pytree")
@@ -53,6 +53,17 @@ def data_kind(data) -> str:
         f"Storages hold tensors, TensorDicts, tensorclasses or pytrees (dicts/tuples/lists) of tensors; "
         f"got {type(data).__name__}. Convert the data with torch.as_tensor or wrap it in a TensorDict."
     )
+
+
+def check_tensor_only(td: TensorDictBase) -> None:
+    """Refuses non-tensor entries (strings, objects): tensor storages keep tensors only."""
+    for key, value in td.items(include_nested=True):
+        if isinstance(value, (NonTensorData, NonTensorStack)):
+            raise TypeError(
+                f"Entry {key!r} holds non-tensor data ({type(value).__name__}); tensor storages keep tensors "
+                f"only. Use ListStorage for data with strings or other objects, or convert the entry to a "
+                f"tensor (e.g. tokenize text)."
+            )
 
 
 class DataCodec:

@@ -17,7 +17,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from torchrl.data.replay_buffers._shared import SharedCounters
-from torchrl.data.replay_buffers.storages._codec import DataCodec
+from torchrl.data.replay_buffers.storages._codec import DataCodec, check_tensor_only
 from torchrl.data.replay_buffers.storages._index import as_index_tensor, check_bounds, check_int, is_int
 from torchrl.data.replay_buffers.storages.base import Storage, _check_max_size
 
@@ -69,6 +69,7 @@ class TensorStorage(Storage):
         if storage is not None:
             codec = DataCodec.for_data(storage)
             backing = codec.encode(storage, batch_dims=self.ndim)
+            check_tensor_only(backing)
             if backing.batch_dims < self.ndim:
                 raise ValueError(
                     f"`storage` must have at least ndim={self.ndim} leading dims shared by all its leaves; "
@@ -112,6 +113,7 @@ class TensorStorage(Storage):
     def _init(self, data, batched: bool) -> None:
         codec = DataCodec.for_data(data)
         td = codec.encode(data, batch_dims=self.ndim if batched else self.ndim - 1)
+        check_tensor_only(td)
         item = td[0] if batched else td
         extra = item.batch_size[: self.ndim - 1]
         if item.batch_dims < self.ndim - 1:
@@ -199,6 +201,8 @@ class TensorStorage(Storage):
         except TypeError as err:
             raise TypeError(f"Cannot write this data into the storage: {err}") from None
         keys = set(td.keys(include_nested=True, leaves_only=True))
+        if self._codec.kind in ("tensordict", "tensorclass"):
+            check_tensor_only(td)
         if keys != set(self._keys):
             missing = sorted(map(str, set(self._keys) - keys))
             extra = sorted(map(str, keys - set(self._keys)))
