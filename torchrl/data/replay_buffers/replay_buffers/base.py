@@ -227,7 +227,7 @@ class ReplayBuffer:
         return index
 
     def _inv_transform_item(self, data):
-        if isinstance(data, TensorDictBase):
+        if isinstance(data, TensorDictBase):  # unsqueeze gives a new TensorDict: the caller's is untouched
             out = self._transform.inv(data.unsqueeze(0))
             return None if out is None else out.squeeze(0)
         return self._transform.inv(data)
@@ -235,6 +235,8 @@ class ReplayBuffer:
     def extend(self, data) -> torch.Tensor:
         """Writes a batch (first dim = items, or ``dim_extend``) and returns the written indices."""
         if len(self._transform):
+            if isinstance(data, TensorDictBase):
+                data = data.clone(False)  # transforms edit the structure in place, not the caller's TensorDict
             data = self._transform.inv(data)
             if data is None:
                 return torch.zeros((0,), dtype=torch.long)

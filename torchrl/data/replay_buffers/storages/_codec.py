@@ -162,6 +162,16 @@ class DataCodec:
             )
         return cls(kind)
 
+    def __getstate__(self):
+        return self.to_json() if self.kind != "tensorclass" else {"kind": self.kind, "cls": self.tensorclass}
+
+    def __setstate__(self, state):
+        if state["kind"] == "tensorclass":
+            self.__init__("tensorclass", tensorclass=state["cls"])
+        else:
+            other = DataCodec.from_json(state)
+            self.__init__(other.kind, treespec=other.treespec, keys=other.keys)
+
     def __eq__(self, other) -> bool:
         return isinstance(other, DataCodec) and self.to_json() == other.to_json()
 

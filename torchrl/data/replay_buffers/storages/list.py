@@ -79,16 +79,18 @@ class ListStorage(Storage):
             cursor = range(*cursor.indices(len(self._storage)))
         positions = as_index_tensor(cursor).tolist()
         items = _split_batch(data, len(positions))
+        # a ring-buffer write may wrap ([3, ..., 9, 0, 1, 2]): write in position order, the last item wins
+        by_position = dict(zip(positions, items))
         size = len(self._storage)
-        for pos in positions:  # validate everything before the first write
+        for pos in sorted(by_position):  # validate everything before the first write
             if pos < 0 or pos > size or pos >= self.max_size:
                 raise IndexError(
                     f"Cannot write at position {pos} of a ListStorage holding {size} items (capacity "
                     f"{self.max_size}): positions must be existing items or the next free one."
                 )
             size = max(size, pos + 1)
-        for pos, item in zip(positions, items):
-            self._set_one(pos, self._to_device(item), len(self._storage))
+        for pos in sorted(by_position):
+            self._set_one(pos, self._to_device(by_position[pos]), len(self._storage))
 
     def _set_one(self, pos: int, item, size: int) -> None:
         if pos < 0 or pos > size or pos >= self.max_size:

@@ -63,6 +63,7 @@ class TensorStorage(Storage):
         self._counters = SharedCounters(_COUNTERS)
         self._counters["last_row"] = -1
         self._storage: TensorDictBase | None = None
+        self._share_on_init = False
         self._codec: DataCodec | None = None
         self._keys: list = []
         self._extra_shape = torch.Size([])
@@ -83,6 +84,9 @@ class TensorStorage(Storage):
                 )
             super().__init__(inferred)
             self._adopt(backing, codec)
+            # a preallocated storage holds a dataset: every row counts as filled
+            self._counters["rows"] = backing.batch_size[0]
+            self._counters["last_row"] = backing.batch_size[0] - 1
         else:
             super().__init__(max_size)
 
@@ -94,6 +98,8 @@ class TensorStorage(Storage):
     def _adopt(self, backing: TensorDictBase, codec: DataCodec) -> None:
         if self.device not in (None, "auto") and backing.device != self.device:
             backing = backing.to(self.device)
+        if self._share_on_init and backing.device.type == "cpu" and not backing.is_shared():
+            backing.share_memory_()
         self._storage = backing
         self._codec = codec
         self._keys = list(backing.keys(include_nested=True, leaves_only=True))
@@ -123,7 +129,7 @@ class TensorStorage(Storage):
             )
         item = item if item.batch_dims == self.ndim - 1 else _with_batch(item, extra)
         cells = math.prod(extra) if self.ndim > 1 else 1
-        rows = self.max_size // cells
+        rows = -(-self.max_size // cells)  # ceil: the grid holds at least max_size cells
         if rows < 1:
             raise ValueError(
                 f"`max_size`={self.max_size} is smaller than one row of {cells} cells ({list(extra)})."
@@ -147,7 +153,7 @@ class TensorStorage(Storage):
         skip = 0 if single_data is not None else 1
         td = DataCodec.for_data(data).encode(data, batch_dims=0)
         extra = _leading_shape(td)[skip : skip + self.ndim - 1]
-        return self.max_size // max(1, math.prod(extra))
+        return -(-self.max_size // max(1, math.prod(extra)))
 
     def _rows_written(self) -> int:
         return self._counters["rows"]
@@ -162,7 +168,8 @@ class TensorStorage(Storage):
         single = is_int(cursor)
         if self._storage is None:
             self._init(data, batched=not single)
-        rows = self._storage.batch_size[0]
+        # item assignment (set_cursor=False) may only overwrite filled rows; writers may also append
+        rows = self._storage.batch_size[0] if set_cursor else self._counters["rows"]
         if isinstance(cursor, slice):
             cursor = range(*cursor.indices(rows))
         if single:
@@ -291,7 +298,11 @@ class TensorStorage(Storage):
         return super().contains(item)
 
     def share_memory_(self) -> TensorStorage:
-        """Moves the backing to shared memory (in place), so forked processes see later writes."""
+        """Moves the backing to shared memory (in place), so forked processes see later writes.
+
+        On a lazy storage that holds no data yet, the backing is allocated in shared memory at the first write.
+        """
+        self._share_on_init = True
         if self._storage is not None and self._storage.device.type == "cpu" and not self._storage.is_shared():
             self._storage.share_memory_()
         return self
