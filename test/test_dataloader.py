@@ -41,8 +41,10 @@ def make_storage(kind: str, tmp_path=None, capacity: int = 256):
         return ListStorage(capacity)
     if kind == "tensor":
         zeros = torch.zeros(capacity, dtype=torch.long)
-        return TensorStorage(TensorDict(obs=torch.zeros(capacity, 3), idx=zeros, index=zeros.clone(),
-                                        batch_size=[capacity]))
+        storage = TensorStorage(TensorDict(obs=torch.zeros(capacity, 3), idx=zeros, index=zeros.clone(),
+                                           batch_size=[capacity]))
+        storage._empty()  # preallocated rows count as data: start empty like the other storages
+        return storage
     if kind == "lazy":
         return LazyTensorStorage(capacity)
     if kind == "memmap":

@@ -1,0 +1,226 @@
+"""Uniform samplers: RandomSampler and SamplerWithoutReplacement, on storages and through buffers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from _helpers import STORAGES, make_storage
+
+from torchrl.data import (
+    LazyTensorStorage,
+    RandomSampler,
+    ReplayBuffer,
+    Sampler,
+    SamplerWithoutReplacement,
+)
+from torchrl.data.replay_buffers.samplers.base import check_batch_size
+
+storages = pytest.mark.parametrize("storage", STORAGES)
+
+
+def _storage(n: int, capacity: int = 20, name: str = "lazy"):
+    s = make_storage(name, capacity, "tensor")
+    if name == "tensor":
+        s._empty()
+    s.set(torch.arange(n), torch.arange(n).float().unsqueeze(-1).expand(n, 3).clone())
+    return s
+
+
+def _epoch(sampler, storage, batch_size):
+    """The batches of one epoch (until ``ran_out``), as lists."""
+    batches = []
+    for _ in range(100):
+        index, info = sampler.sample(storage, batch_size)
+        assert info == {}
+        batches.append(index.tolist())
+        if sampler.ran_out:
+            return batches
+    raise AssertionError("the sampler never ran out")
+
+
+# -- RandomSampler --------------------------------------------------------------------------------------------
+
+
+@storages
+def test_random_sampler_draws_valid_indices(storage):
+    s = _storage(7, name=storage)
+    index, info = RandomSampler().sample(s, 500)
+    assert info == {} and index.dtype == torch.long and index.shape == (500,)
+    assert index.min() >= 0 and index.max() < 7
+    assert set(index.tolist()) == set(range(7))  # 500 draws over 7 items hit all of them
+
+
+def test_random_sampler_returns_per_dim_indices_for_ndim2():
+    s = LazyTensorStorage(20, ndim=2)
+    s.set(torch.arange(3), torch.zeros(3, 4))
+    rows, envs = RandomSampler().sample(s, 200)[0]
+    assert rows.max() < 3 and envs.max() < 4
+    assert set((rows * 4 + envs).tolist()) == set(range(12))
+
+
+def test_statefulness_flags():
+    assert RandomSampler.requires_shared_state is False
+    assert SamplerWithoutReplacement.requires_shared_state is True
+    assert Sampler.requires_shared_state is True  # unknown samplers are assumed stateful
+    assert RandomSampler().ran_out is False
+    assert RandomSampler().state_dict() == {}
+
+
+# -- SamplerWithoutReplacement --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "n,batch_size,drop_last,sizes",
+    [
+        (10, 3, False, [3, 3, 3, 1]),
+        (10, 3, True, [3, 3, 3]),
+        (9, 3, False, [3, 3, 3]),
+        (9, 3, True, [3, 3, 3]),
+        (5, 5, False, [5]),
+        (4, 10, False, [4]),
+    ],
+)
+@storages
+def test_each_index_is_visited_once_per_epoch(storage, n, batch_size, drop_last, sizes):
+    s = _storage(n, name=storage)
+    sampler = SamplerWithoutReplacement(drop_last=drop_last)
+    for _ in range(3):  # three consecutive epochs
+        batches = _epoch(sampler, s, batch_size)
+        assert [len(b) for b in batches] == sizes
+        seen = [i for b in batches for i in b]
+        assert len(seen) == len(set(seen))
+        if not drop_last:
+            assert sorted(seen) == list(range(n))
+        else:
+            assert set(seen) <= set(range(n)) and len(seen) == n - n % batch_size
+
+
+def test_shuffle_false_keeps_storage_order():
+    s = _storage(7)
+    sampler = SamplerWithoutReplacement(shuffle=False)
+    assert _epoch(sampler, s, 3) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert _epoch(sampler, s, 3) == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_shuffled_epochs_differ():
+    s = _storage(20)
+    sampler = SamplerWithoutReplacement()
+    sampler._rng = torch.Generator().manual_seed(0)
+    first, second = _epoch(sampler, s, 20), _epoch(sampler, s, 20)
+    assert first != second and sorted(first[0]) == sorted(second[0]) == list(range(20))
+
+
+def test_a_new_epoch_starts_when_the_storage_grows():
+    s = _storage(6)
+    sampler = SamplerWithoutReplacement(shuffle=False)
+    assert sampler.sample(s, 4)[0].tolist() == [0, 1, 2, 3]
+    s.set(torch.arange(6, 8), torch.zeros(2, 3))
+    assert sampler.sample(s, 4)[0].tolist() == [0, 1, 2, 3]  # restarted over 8 items
+    assert _epoch(sampler, s, 4) == [[4, 5, 6, 7]]
+
+
+def test_state_dict_resumes_mid_epoch():
+    s = _storage(10)
+    sampler = SamplerWithoutReplacement()
+    sampler._rng = torch.Generator().manual_seed(3)
+    first = sampler.sample(s, 4)[0].tolist()
+    fresh = SamplerWithoutReplacement()
+    fresh.load_state_dict(sampler.state_dict())
+    rest_a, rest_b = _epoch(sampler, s, 4), _epoch(fresh, s, 4)
+    assert rest_a == rest_b
+    assert sorted(first + [i for b in rest_a for i in b]) == list(range(10))
+
+
+def test_empty_resets_the_epoch():
+    s = _storage(6)
+    sampler = SamplerWithoutReplacement(shuffle=False)
+    sampler.sample(s, 4)
+    sampler._empty()
+    assert sampler.sample(s, 4)[0].tolist() == [0, 1, 2, 3]
+
+
+def test_drop_last_with_fewer_items_than_a_batch_is_refused():
+    s = _storage(3)
+    sampler = SamplerWithoutReplacement(drop_last=True)
+    with pytest.raises(ValueError, match=r"`batch_size`=5 is larger than the 3 stored items.*drop_last=False"):
+        sampler.sample(s, 5)
+
+
+# -- bad input ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [RandomSampler, SamplerWithoutReplacement])
+@pytest.mark.parametrize("storage", ["list", "lazy"])
+def test_sampling_an_empty_storage_says_to_add_data(cls, storage):
+    with pytest.raises(RuntimeError, match=r"empty storage: add data first"):
+        cls().sample(make_storage(storage, 5, "tensor"), 2)
+
+
+@pytest.mark.parametrize("cls", [RandomSampler, SamplerWithoutReplacement])
+@pytest.mark.parametrize("batch_size", [0, -1, 1.5, None, True, "3"])
+def test_bad_batch_size_names_the_argument(cls, batch_size):
+    with pytest.raises(ValueError, match=r"`batch_size` must be a positive int.*Pass it to sample\(\)"):
+        cls().sample(_storage(4), batch_size)
+
+
+def test_check_batch_size_passes_positive_ints():
+    assert check_batch_size(7) == 7
+
+
+def test_update_priority_on_a_uniform_sampler_warns():
+    with pytest.warns(UserWarning, match="not prioritized"):
+        RandomSampler().update_priority(torch.tensor([0]), torch.tensor([1.0]))
+
+
+def test_sampler_base_class_is_abstract():
+    with pytest.raises(TypeError):
+        Sampler()
+
+
+# -- randomness -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [RandomSampler, SamplerWithoutReplacement])
+def test_draws_go_through_the_generator_only(cls):
+    s = _storage(15)
+    np_state = np.random.get_state()
+    torch_state = torch.random.get_rng_state()
+    draws = []
+    for _ in range(2):
+        sampler = cls()
+        sampler._rng = torch.Generator().manual_seed(11)
+        draws.append([sampler.sample(s, 4)[0].tolist() for _ in range(6)])
+    assert draws[0] == draws[1]
+    assert torch.equal(torch.random.get_rng_state(), torch_state)
+    after = np.random.get_state()
+    assert np.array_equal(after[1], np_state[1]) and after[2] == np_state[2]
+
+
+@pytest.mark.parametrize("cls", [RandomSampler, SamplerWithoutReplacement])
+def test_without_a_generator_draws_follow_torch_manual_seed(cls):
+    s = _storage(15)
+    np_state = np.random.get_state()
+    draws = []
+    for _ in range(2):
+        torch.manual_seed(5)
+        sampler = cls()
+        draws.append([sampler.sample(s, 4)[0].tolist() for _ in range(3)])
+    assert draws[0] == draws[1]
+    assert np.array_equal(np.random.get_state()[1], np_state[1])
+
+
+@pytest.mark.parametrize("sampler", ["random", "without_replacement"])
+def test_buffers_with_equal_generators_sample_equally(sampler):
+    def run(seed):
+        rb = ReplayBuffer(
+            storage=LazyTensorStorage(50),
+            sampler=RandomSampler() if sampler == "random" else SamplerWithoutReplacement(),
+            batch_size=6,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        rb.extend(torch.arange(50))
+        return [rb.sample().tolist() for _ in range(5)]
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
