@@ -133,6 +133,8 @@ class ReplayBuffer:
         if shared:
             self.share(True)
         self.set_rng(generator)
+        if len(self._storage):  # items already stored: the sampler learns of them (e.g. default priorities)
+            self._sampler.mark_update(torch.arange(len(self._storage)), storage=self._storage)
 
     # -- construction helpers -----------------------------------------------------------------------------------
     @staticmethod
@@ -334,9 +336,15 @@ class ReplayBuffer:
 
     def __setitem__(self, index, value) -> None:
         if len(self._transform):
+            if isinstance(value, TensorDictBase):
+                value = value.clone(False)
             value = self._transform.inv(value)
         with self._replay_lock:
             self._storage[index] = value
+            if isinstance(index, slice):
+                index = torch.arange(*index.indices(self._storage._rows_written()))
+            if not isinstance(index, tuple):  # overwritten items are new items for the sampler
+                self._storage.mark_update(index)
 
     # -- transforms ---------------------------------------------------------------------------------------------
     def append_transform(self, transform, *, invert: bool = False) -> ReplayBuffer:

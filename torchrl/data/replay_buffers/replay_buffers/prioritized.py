@@ -15,15 +15,11 @@ def _storage_or_default(storage) -> Storage:
     if storage is None:
         return ListStorage(1000)
     if not isinstance(storage, Storage):
-        raise TypeError(f"`storage` must be a Storage instance, got {type(storage).__name__}.")
+        raise TypeError(
+            f"`storage` must be a Storage instance (e.g. LazyTensorStorage(capacity)), got "
+            f"{type(storage).__name__}. Its `max_size` sizes the priority trees."
+        )
     return storage
-
-
-def _prioritize_existing(rb: ReplayBuffer) -> None:
-    """Items already in the storage get the default priority, so they can be sampled."""
-    n = len(rb.storage)
-    if n:
-        rb.sampler.mark_update(torch.arange(n), storage=rb.storage)
 
 
 class PrioritizedReplayBuffer(ReplayBuffer):
@@ -63,7 +59,6 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         storage = _storage_or_default(storage)
         sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps=eps, dtype=dtype)
         super().__init__(storage=storage, sampler=sampler, **kwargs)
-        _prioritize_existing(self)
 
 
 class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
@@ -108,4 +103,3 @@ class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
         storage = _storage_or_default(storage)
         sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps=eps, dtype=dtype, reduction=reduction)
         super().__init__(priority_key=priority_key, storage=storage, sampler=sampler, **kwargs)
-        _prioritize_existing(self)

@@ -64,25 +64,28 @@ class TensorDictReplayBuffer(ReplayBuffer):
         self._check_td(data, "add")
         index = super().add(data)
         if index is not None:
-            self._update_priority_from(data, index)
+            self._update_priority_from(data, index, batched=False)
         return index
 
     def extend(self, tensordicts, *, update_priority: bool | None = None) -> torch.Tensor:
         self._check_td(tensordicts, "extend")
         index = super().extend(tensordicts)
         if update_priority is not False:
-            self._update_priority_from(tensordicts, index)
+            self._update_priority_from(tensordicts, index, batched=True)
         return index
 
-    def _update_priority_from(self, data: TensorDictBase, index) -> None:
+    def _update_priority_from(self, data: TensorDictBase, index, *, batched: bool) -> None:
+        """Sets the priorities of freshly written items from ``data[priority_key]``, when present."""
         if not isinstance(self._sampler, PrioritizedSampler):
             return
         priority = data.get(self.priority_key, None)
         if priority is None:
             return
-        priority = reduce_priority(priority, self._sampler.reduction, batch_dims=data.batch_dims)
-        if self._dim_extend > 0:
-            priority = priority.transpose(0, self._dim_extend)
+        priority = torch.as_tensor(priority)
+        if batched and self._dim_extend > 0:
+            priority = priority.transpose(0, self._dim_extend)  # the extend dim first, as the data was written
+        item_dims = self._storage.ndim if batched else self._storage.ndim - 1
+        priority = reduce_priority(priority, self._sampler.reduction, batch_dims=item_dims)
         self.update_priority(index, priority.reshape(-1))
 
     def update_tensordict_priority(self, data: TensorDictBase) -> None:
