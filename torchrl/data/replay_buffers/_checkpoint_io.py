@@ -29,6 +29,8 @@ import torch
 CHUNK_BYTES = 64 << 20
 CHECKSUM_WINDOW = 1 << 20
 MEMMAP_SUFFIX = ".memmap"
+_PAGE = 4096
+_READ_PAGE_OFFSET = 256
 
 
 class CheckpointError(ValueError):
@@ -151,7 +153,7 @@ def read_file_mappings() -> list[_Mapping]:
     out = []
     for line in lines:
         fields = line.split(maxsplit=5)
-        if len(fields) < 6 or not fields[5].startswith("/") or fields[5].endswith(" (deleted)"):
+        if len(fields) < 6 or not fields[5].startswith("/"):
             continue
         start, end = (int(x, 16) for x in fields[0].split("-"))
         major, minor = (int(x, 16) for x in fields[3].split(":"))
@@ -166,7 +168,9 @@ def file_source(tensor: torch.Tensor, mappings: list[_Mapping]) -> tuple[str, in
 
     Only then may the file be copied instead of the memory: a shared mapping's pages are the file's page
     cache, so the file holds every write made through the tensor. A private (copy-on-write) mapping, a
-    file replaced on disk since it was mapped, or a non-contiguous tensor give ``None``.
+    file replaced on disk since it was mapped, or a non-contiguous tensor give ``None``. The file is found
+    by the path the kernel reports for the mapping or, when that name was unlinked or moved (a checkpoint
+    switch renames directories), by the tensor's own ``filename`` if it is the same inode.
     """
     if (
         not mappings
@@ -184,16 +188,18 @@ def file_source(tensor: torch.Tensor, mappings: list[_Mapping]) -> tuple[str, in
         if m.start <= start and end <= m.end:
             if not m.shared:
                 return None
-            try:
-                st = os.stat(m.path)
-            except OSError:
-                return None
-            if (os.major(st.st_dev), os.minor(st.st_dev)) != m.dev or st.st_ino != m.inode:
-                return None
-            offset = m.offset + (start - m.start)
-            if not stat.S_ISREG(st.st_mode) or offset + (end - start) > st.st_size:
-                return None
-            return m.path, offset
+            for candidate in (m.path, getattr(tensor, "_filename", None)):
+                try:
+                    st = os.stat(candidate)
+                except (OSError, TypeError):
+                    continue
+                if (os.major(st.st_dev), os.minor(st.st_dev)) != m.dev or st.st_ino != m.inode:
+                    continue
+                offset = m.offset + (start - m.start)
+                if not stat.S_ISREG(st.st_mode) or offset + (end - start) > st.st_size:
+                    return None
+                return candidate, offset
+            return None
     return None
 
 
@@ -226,13 +232,13 @@ def _byte_slices(tensor: torch.Tensor, chunk_bytes: int):
         yield memoryview(piece.reshape(-1).view(torch.uint8).numpy())
 
 
-def _copy_file_range(src: int, dst: int, offset: int, count: int, advance: Callable[[int], None]) -> int:
+def _copy_file_range(src: int, dst: int, src_offset: int, dst_offset: int, count: int, advance) -> int:
     """Copies with ``os.copy_file_range``; returns how many bytes it copied (fewer if it is unsupported)."""
     copy = getattr(os, "copy_file_range", None)
     done = 0
     while copy is not None and done < count:
         try:
-            n = copy(src, dst, min(count - done, CHUNK_BYTES), offset + done, done)
+            n = copy(src, dst, min(count - done, CHUNK_BYTES), src_offset + done, dst_offset + done)
         except OSError as err:
             if err.errno in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM, errno.EBADF):
                 return done
@@ -244,27 +250,25 @@ def _copy_file_range(src: int, dst: int, offset: int, count: int, advance: Calla
     return done
 
 
-def copy_from_file(source: str, offset: int, count: int, fd: int, advance: Callable[[int], None]) -> None:
-    """Writes ``count`` bytes of the file ``source`` starting at ``offset`` to ``fd``, kernel-side if possible."""
-    src = open_for_read(source)
-    try:
-        done = _copy_file_range(src, fd, offset, count, advance)
-        if done < count:
-            os.lseek(fd, done, os.SEEK_SET)
-            buffer = bytearray(min(CHUNK_BYTES, count - done))
-            view = memoryview(buffer)
-            while done < count:
-                n = os.preadv(src, [view[: min(len(view), count - done)]], offset + done)
-                if n == 0:
-                    raise RuntimeError(
-                        f"The file {source!r} ended {count - done} bytes early while it was copied into a "
-                        f"checkpoint: it was truncated by another process during the write."
-                    )
-                write_all(fd, view[:n])
-                done += n
-                advance(n)
-    finally:
-        os.close(src)
+def copy_between_files(
+    src: int, src_offset: int, dst: int, dst_offset: int, count: int, advance: Callable[[int], None]
+) -> None:
+    """Copies ``count`` bytes between open files, kernel-side if possible, else through one 64 MiB buffer."""
+    done = _copy_file_range(src, dst, src_offset, dst_offset, count, advance)
+    if done < count:
+        view = memoryview(bytearray(min(CHUNK_BYTES, count - done)))
+        while done < count:
+            n = os.preadv(src, [view[: min(len(view), count - done)]], src_offset + done)
+            if n == 0:
+                raise RuntimeError(
+                    f"A file ended {count - done} bytes early while it was copied: it was truncated by another "
+                    f"process during the copy."
+                )
+            chunk = view[:n]
+            while len(chunk):
+                chunk = chunk[os.pwrite(dst, chunk, dst_offset + done + n - len(chunk)) :]
+            done += n
+            advance(n)
 
 
 def write_tensor_file(
@@ -281,7 +285,11 @@ def write_tensor_file(
     try:
         source = file_source(tensor, mappings)
         if source is not None:
-            copy_from_file(source[0], source[1], nbytes, fd, advance)
+            src = open_for_read(source[0])
+            try:
+                copy_between_files(src, source[1], fd, 0, nbytes, advance)
+            finally:
+                os.close(src)
         else:
             for view in _byte_slices(tensor, CHUNK_BYTES):
                 write_all(fd, view)
@@ -335,6 +343,73 @@ def verify_windows(root: str, relative: str, nbytes: int, expected: list[int]) -
             f"The file {relative!r} of the checkpoint {root!r} is corrupted: the checksum of its {where} "
             f"{min(nbytes, CHECKSUM_WINDOW)} bytes does not match the metadata."
         )
+
+
+def read_into(path: str, tensor: torch.Tensor, advance: Callable[[int], None] = lambda n: None) -> None:
+    """Fills ``tensor`` with the bytes of the file ``path`` without mapping it.
+
+    A ``tensor`` in a shared file mapping (a memmap storage) receives a file-to-file copy, so neither file
+    is faulted into this process; a contiguous CPU tensor is read into directly (``preadv``); any other
+    tensor is filled one 64 MiB slice at a time.
+    """
+    nbytes = tensor.numel() * tensor.element_size()
+    src = open_for_read(path)
+    try:
+        target = file_source(tensor, read_file_mappings())
+        if target is not None and target[1] == 0 and os.path.samefile(target[0], path):
+            advance(nbytes)  # the tensor is this very file (a storage mapping its checkpoint's files)
+        elif target is not None:
+            dst = os.open(target[0], os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                copy_between_files(src, 0, dst, target[1], nbytes, advance)
+            finally:
+                os.close(dst)
+        elif tensor.device.type == "cpu" and tensor.is_contiguous() and not (tensor.is_conj() or tensor.is_neg()):
+            _preadv_all(src, memoryview(tensor.detach().reshape(-1).view(torch.uint8).numpy()), 0, advance)
+        else:
+            _read_rows(src, tensor if tensor.dim() else tensor.view(1), advance)
+    finally:
+        os.close(src)
+
+
+def _read_rows(src: int, tensor: torch.Tensor, advance) -> None:
+    """Reads into a non-contiguous ``tensor`` row by row (along dim 0), each row through a CPU buffer."""
+    row_bytes = tensor[0].numel() * tensor.element_size() if tensor.shape[0] else 0
+    rows = max(1, CHUNK_BYTES // max(1, row_bytes))
+    for start in range(0, tensor.shape[0], rows):
+        piece = torch.empty((min(rows, tensor.shape[0] - start), *tensor.shape[1:]), dtype=tensor.dtype)
+        _preadv_all(src, memoryview(piece.reshape(-1).view(torch.uint8).numpy()), start * row_bytes, advance)
+        with torch.no_grad():
+            tensor[start : start + piece.shape[0]].copy_(piece)
+
+
+def _preadv_all(fd: int, view: memoryview, offset: int, advance) -> None:
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done : done + CHUNK_BYTES]], offset + done)
+        if n == 0:
+            raise CheckpointError(f"A checkpoint file ended {len(view) - done} bytes early while it was read.")
+        done += n
+        advance(n)
+
+
+def empty_tensor(dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+    """An uninitialized CPU tensor laid out for fast reads from the page cache.
+
+    Two measured effects make a read of 256 MiB into fresh memory run at ~4.7 GB/s where ``numpy.load``
+    reaches ~7 GB/s (Linux, x86-64): page faults, which numpy's allocator cuts by asking for transparent
+    huge pages (``torch.empty`` does not), and a kernel copy whose source (a page of the file) and
+    destination start at nearly the same offset in their 4 KiB pages (the stores then alias the loads).
+    So the memory comes from numpy and the data starts 256 bytes into a page.
+    """
+    import numpy as np
+
+    nbytes = tensor_nbytes(dtype, shape)
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    raw = np.empty(nbytes + _PAGE, dtype=np.uint8)
+    skip = (_READ_PAGE_OFFSET - raw.ctypes.data) % _PAGE
+    return torch.from_numpy(raw)[skip : skip + nbytes].view(dtype).reshape(shape)
 
 
 def map_tensor(path: str, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:

@@ -23,7 +23,8 @@ Layout of ``path/``::
 where ``"metadata"`` is the caller's JSON document (for components: their type, configuration and
 counters), dtypes are names from an allowlist (``bool``, ``uint8`` ... ``float64``, ``bfloat16``,
 ``complex64``/``complex128``, ``float8_*``), and ``crc32`` holds the CRC-32 of the first and of the last
-``window_bytes`` bytes of the file (the whole file when it is smaller than a window). The checksum is a
+``window_bytes`` bytes of the file (the whole file when it is smaller than a window), or ``null`` for a
+file hard-linked from a live memory-mapped storage (below), whose content changes after the dump. The checksum is a
 cheap check against truncation and torn or misplaced files, not a full-content hash: a byte changed in the
 middle of a file larger than 2 MiB goes unnoticed. ``COMPLETE`` is a JSON object
 ``{"schema_version": 1, "metadata_nbytes": <int>, "metadata_crc32": <int>}`` that also pins the exact
@@ -54,6 +55,17 @@ next writer also removes what a crash left behind: ``<path>.old-*`` directories 
 a live writer's directory is never touched). ``fsync=False`` keeps this guarantee against a process
 crash but not against a power loss.
 
+Components. ``dumps``/``loads`` (:func:`dump_component`/:func:`load_component`) store one component per
+checkpoint, its description under ``metadata["component"] = {"class": "<module>.<qualname>", "doc": ...}``.
+The class name is only compared with the target's, never imported. A replay buffer's ``doc`` holds its
+``batch_size``, generator state (``rng/state``) and one part per component; a tensor storage's holds its
+capacity, ``ndim``, data codec, row counters and the key, shape and dtype of every leaf, whose written rows
+are stored at ``storage/<key path>.memmap``; samplers, writers and transforms store their ``state_dict()``
+as JSON whose tensors are files under ``sampler/``, ``writer/``, ``transforms/``. A
+:class:`~torchrl.data.LazyMemmapStorage` whose ``scratch_dir`` is ``<path>/storage`` is saved by hard
+links (its files stay shared with the live storage, so their checksums are ``null``) and loaded by mapping
+them in place. :func:`register_checkpoint_handler` adds handlers for other classes.
+
 Examples:
     >>> import os, tempfile, torch
     >>> from torchrl.data.replay_buffers.checkpointers import read_checkpoint, write_checkpoint
@@ -80,6 +92,14 @@ import torch
 from torchrl.data.replay_buffers import _checkpoint_fs as _fs
 from torchrl.data.replay_buffers import _checkpoint_io as _io
 from torchrl.data.replay_buffers._checkpoint_io import CheckpointError
+from torchrl.data.replay_buffers._checkpoint_validate import (
+    FORMAT,
+    SCHEMA_VERSION,
+    SUPPORTED_SCHEMA_VERSIONS,
+    parse_document,
+    read_validated_metadata_bytes,
+    validated_entries,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -89,14 +109,10 @@ __all__ = [
     "write_checkpoint",
     "dump_component",
     "load_component",
+    "register_checkpoint_handler",
 ]
 
-SCHEMA_VERSION = 1
-SUPPORTED_SCHEMA_VERSIONS = (1,)
-FORMAT = "torchrl-checkpoint"
 PROGRESS_THRESHOLD_BYTES = 256 << 20
-_MAX_METADATA_BYTES = 64 << 20
-_MAX_NDIM = 64
 
 
 # -- progress ---------------------------------------------------------------------------------------------------
@@ -172,7 +188,7 @@ def _check_metadata(metadata) -> dict[str, Any]:
         ) from None
 
 
-def _check_replaceable(path: str) -> None:
+def _check_replaceable(path: str, *, adopt: bool = False) -> None:
     if not os.path.lexists(path):
         return
     if os.path.islink(path) or not os.path.isdir(path):
@@ -181,7 +197,7 @@ def _check_replaceable(path: str) -> None:
             f"previous checkpoint. Remove it or choose another path."
         )
     names = set(os.listdir(path))
-    if names and not names & {_fs.MARKER, _fs.METADATA}:
+    if names and not adopt and not names & {_fs.MARKER, _fs.METADATA}:
         raise FileExistsError(
             f"`path` {path!r} is a non-empty directory that is not a checkpoint (no {_fs.METADATA}); refusing "
             f"to replace it. Remove it or choose another path."
@@ -227,6 +243,7 @@ def write_checkpoint(
 
     Examples:
         >>> import os, tempfile, torch
+        >>> from torchrl.data.replay_buffers.checkpointers import read_checkpoint, write_checkpoint
         >>> with tempfile.TemporaryDirectory() as d:
         ...     path = os.path.join(d, "ckpt")
         ...     write_checkpoint(path, {"a": torch.ones(3)}, {"version": 1})
@@ -242,15 +259,17 @@ def write_checkpoint(
     _check_progress(progress)
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
+    mappings = _io.read_file_mappings()
+    links = _linkable(path, entries, mappings)
     with _fs.locked_dir(parent):
         _fs.recover(path, fsync=fsync)
-        _check_replaceable(path)
+        _check_replaceable(path, adopt=bool(links))
     tmp, lock_fd = _fs.make_tmp_dir(path)
     try:
         _fs.step("tmp_created")
-        _write_contents(tmp, entries, user_metadata, fsync=fsync, progress=progress)
+        _write_contents(tmp, entries, user_metadata, links, mappings, fsync=fsync, progress=progress)
         with _fs.locked_dir(parent):
-            _check_replaceable(path)
+            _check_replaceable(path, adopt=bool(links))
             _fs.switch(tmp, path, fsync=fsync)
     except BaseException:
         import shutil
@@ -261,11 +280,24 @@ def write_checkpoint(
         os.close(lock_fd)
 
 
-def _write_contents(tmp: str, entries, user_metadata: dict, *, fsync: bool, progress) -> None:
-    total = sum(t.numel() * t.element_size() for _, t, _ in entries)
+def _linkable(path: str, entries, mappings) -> dict[str, str]:
+    """Tensors whose bytes are exactly the file ``path/<name>.memmap`` (a memmap storage living in the
+    checkpoint it is saved to): they are hard-linked into the new checkpoint instead of copied."""
+    links = {}
+    for name, tensor, _ in entries:
+        source = _io.file_source(tensor, mappings)
+        expected = os.path.join(path, *(name + _io.MEMMAP_SUFFIX).split("/"))
+        if source is None or source[1] != 0 or not os.path.exists(expected):
+            continue
+        if os.path.samefile(source[0], expected) and os.path.getsize(expected) == tensor.numel() * tensor.element_size():
+            links[name] = expected
+    return links
+
+
+def _write_contents(tmp: str, entries, user_metadata: dict, links, mappings, *, fsync: bool, progress) -> None:
+    total = sum(t.numel() * t.element_size() for name, t, _ in entries if name not in links)
     bar = _progress_bar(progress, total, "dumps")
     advance = _advance_fn(bar)
-    mappings = _io.read_file_mappings()
     dirs = {tmp}
     described = {}
     try:
@@ -277,7 +309,13 @@ def _write_contents(tmp: str, entries, user_metadata: dict, *, fsync: bool, prog
                 dirs.add(folder)
                 folder = os.path.dirname(folder)
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            crc = _io.write_tensor_file(target, tensor, mappings=mappings, fsync=fsync, advance=advance)
+            if name in links:  # shared with a live storage: its content changes later, so no checksum
+                os.link(links[name], target)
+                if fsync:
+                    _fsync_file(target)
+                crc = None
+            else:
+                crc = _io.write_tensor_file(target, tensor, mappings=mappings, fsync=fsync, advance=advance)
             described[name] = {
                 "file": relative,
                 "dtype": dtype,
@@ -299,14 +337,22 @@ def _write_contents(tmp: str, entries, user_metadata: dict, *, fsync: bool, prog
     raw = json.dumps(document, indent=1).encode()
     _write_small_file(os.path.join(tmp, _fs.METADATA), raw, fsync=fsync)
     _fs.step("metadata_written")
-    if fsync:
-        for folder in sorted(dirs, key=len, reverse=True):
-            _fs.fsync_dir(folder)
+    # the marker may precede the directory fsyncs: nothing reads a tmp directory, and it only becomes
+    # `path` by the rename below, after every file and directory in it is on disk
     marker = {"schema_version": SCHEMA_VERSION, "metadata_nbytes": len(raw), "metadata_crc32": zlib.crc32(raw)}
     _write_small_file(os.path.join(tmp, _fs.MARKER), json.dumps(marker).encode(), fsync=fsync)
     if fsync:
-        _fs.fsync_dir(tmp)
+        for folder in sorted(dirs, key=len, reverse=True):
+            _fs.fsync_dir(folder)
     _fs.step("marker_written")
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_small_file(path: str, data: bytes, *, fsync: bool) -> None:
@@ -320,21 +366,28 @@ def _write_small_file(path: str, data: bytes, *, fsync: bool) -> None:
 
 
 # -- read -------------------------------------------------------------------------------------------------------
-def read_checkpoint(path, *, verify: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Validates the checkpoint at ``path`` and returns its tensors, memory-mapped, and its metadata.
+def read_checkpoint(
+    path, *, mmap: bool = True, verify: bool = True, progress: bool | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Validates the checkpoint at ``path`` and returns its tensors and its metadata.
 
     Everything is checked before anything is returned (see the module docstring): a checkpoint that is
     incomplete, corrupted, of an unknown schema version or unsafe (paths escaping the directory, symlinks)
-    raises :class:`CheckpointError`. The tensors are copy-on-write memory maps of the files, so nothing is
-    read now and in-place changes never reach the checkpoint. This function never modifies the disk.
+    raises :class:`CheckpointError`. By default the tensors are copy-on-write memory maps of the files, so
+    nothing is read now and in-place changes never reach the checkpoint. This function never modifies the
+    disk.
 
     Args:
         path (str or path-like): the checkpoint directory written by :func:`write_checkpoint`. If it is
             missing because a writer crashed mid-switch, the previous checkpoint moved aside is read.
 
     Keyword Args:
+        mmap (bool): return memory maps (``True``) or tensors read into RAM with plain reads (``False``).
+            Defaults to ``True``.
         verify (bool): check the head/tail checksum of every file (reads at most 2 MiB per file). Defaults
             to ``True``.
+        progress (bool, optional): a tqdm bar while reading into RAM (``mmap=False``); ``None`` shows one
+            above 256 MiB when stderr is a terminal. Defaults to ``None``.
 
     Returns:
         ``(tensors, metadata)``: a dict from names to tensors and the caller's metadata document.
@@ -345,6 +398,7 @@ def read_checkpoint(path, *, verify: bool = True) -> tuple[dict[str, torch.Tenso
 
     Examples:
         >>> import os, tempfile, torch
+        >>> from torchrl.data.replay_buffers.checkpointers import read_checkpoint, write_checkpoint
         >>> with tempfile.TemporaryDirectory() as d:
         ...     write_checkpoint(os.path.join(d, "c"), {"x": torch.tensor([1, 2, 3])}, {})
         ...     tensors, _ = read_checkpoint(os.path.join(d, "c"))
@@ -352,141 +406,161 @@ def read_checkpoint(path, *, verify: bool = True) -> tuple[dict[str, torch.Tenso
         [1, 2, 3]
     """
     path = _check_path(path)
+    for name, value in (("mmap", mmap), ("verify", verify)):
+        if not isinstance(value, bool):
+            raise TypeError(f"`{name}` must be a bool; got {value!r}.")
+    _check_progress(progress)
     root = _fs.resolve_for_read(path)
     if root is None:
         raise FileNotFoundError(f"No checkpoint at {path!r}: the directory does not exist.")
     if not os.path.isdir(root):
         raise CheckpointError(f"{root!r} is not a checkpoint directory.")
-    raw = _read_validated_metadata_bytes(root)
-    document = _parse_document(root, raw)
-    entries = _validated_entries(root, document["tensors"])
+    raw = read_validated_metadata_bytes(root)
+    document = parse_document(root, raw)
+    entries = validated_entries(root, document["tensors"])
     if verify:
         for _, relative, _, _, nbytes, crc in entries:
-            _io.verify_windows(root, relative, nbytes, crc)
-    tensors = {
-        name: _io.map_tensor(os.path.join(root, relative), dtype, shape)
-        for name, relative, dtype, shape, _, _ in entries
-    }
+            if crc is not None:
+                _io.verify_windows(root, relative, nbytes, crc)
+    if mmap:
+        tensors = {
+            name: _io.map_tensor(os.path.join(root, relative), dtype, shape)
+            for name, relative, dtype, shape, _, _ in entries
+        }
+        return tensors, document["metadata"]
+    bar = _progress_bar(progress, sum(e[4] for e in entries), "loads")
+    try:
+        tensors = {}
+        for name, relative, dtype, shape, _, _ in entries:
+            tensors[name] = _io.empty_tensor(dtype, shape)
+            _io.read_into(os.path.join(root, relative), tensors[name], _advance_fn(bar))
+    finally:
+        if bar is not None:
+            bar.close()
     return tensors, document["metadata"]
 
 
-def _read_json_file(root: str, name: str, limit: int) -> tuple[bytes, Any]:
-    st = _io.lstat_inside(root, name)
-    if st.st_size > limit:
-        raise CheckpointError(f"{name!r} of the checkpoint {root!r} is {st.st_size} bytes, over the {limit} limit.")
-    fd = _io.open_for_read(os.path.join(root, name))
-    try:
-        raw = _io.read_exact(fd, st.st_size, 0)
-    finally:
-        os.close(fd)
-    try:
-        return raw, json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError) as err:
-        raise CheckpointError(f"{name!r} of the checkpoint {root!r} is not valid JSON: {err}.") from None
+# -- components (storages, samplers, writers, buffers) -----------------------------------------------------------
+def register_checkpoint_handler(cls: type, *, dump: Callable, load: Callable, check: Callable | None = None) -> None:
+    """Declares how instances of ``cls`` (and its subclasses) are saved by ``dumps`` and restored by ``loads``.
+
+    Handlers are looked up along the class's MRO, so a subclass inherits its parent's handler unless it
+    registers its own. Built-in handlers cover tensor storages, :class:`~torchrl.data.ListStorage` and
+    replay buffers; any other component is saved through its ``state_dict()`` (tensors become files, the
+    rest JSON) and restored with ``load_state_dict()``.
+
+    Args:
+        cls (type): the component class.
+
+    Keyword Args:
+        dump (callable): ``dump(obj, ctx) -> (tensors, doc)``: the tensors to save, named under
+            ``ctx.prefix``, and a JSON-serializable document.
+        load (callable): ``load(obj, doc, tensors, ctx)``: restores ``obj``; ``tensors`` are memory-mapped.
+        check (callable, optional): ``check(obj, doc, tensors, ctx)``: raises ``ValueError`` saying what
+            differs when the checkpoint does not fit ``obj``; called before anything is loaded. Defaults to
+            ``None`` (only the class is compared).
+
+    Examples:
+        >>> from torchrl.data.replay_buffers.checkpointers import register_checkpoint_handler
+        >>> class Counter:
+        ...     def __init__(self):
+        ...         self.n = 0
+        >>> register_checkpoint_handler(
+        ...     Counter,
+        ...     dump=lambda obj, ctx: ({}, {"n": obj.n}),
+        ...     load=lambda obj, doc, tensors, ctx: setattr(obj, "n", doc["n"]),
+        ... )
+    """
+    if not isinstance(cls, type):
+        raise TypeError(f"`cls` must be a class; got {cls!r}.")
+    for name, fn in (("dump", dump), ("load", load), ("check", check)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"`{name}` must be callable; got {fn!r}.")
+    _components().register(cls, dump, load, check)
 
 
-def _check_version(root: str, where: str, version) -> None:
-    if isinstance(version, bool) or version not in SUPPORTED_SCHEMA_VERSIONS:
-        raise CheckpointError(
-            f"The checkpoint {root!r} has schema_version {version!r} in {where!r}; this version of torchrl "
-            f"reads schema versions {list(SUPPORTED_SCHEMA_VERSIONS)}. Load it with the torchrl version that "
-            f"wrote it, or upgrade torchrl."
-        )
+def _components():
+    from torchrl.data.replay_buffers import _checkpoint_components
+
+    return _checkpoint_components
 
 
-def _read_validated_metadata_bytes(root: str) -> bytes:
-    if not os.path.lexists(os.path.join(root, _fs.MARKER)):
-        raise CheckpointError(
-            f"The checkpoint {root!r} is incomplete: its completion marker {_fs.MARKER!r} is missing (the "
-            f"write did not finish, or files were removed)."
-        )
-    _, marker = _read_json_file(root, _fs.MARKER, 4096)
-    if not isinstance(marker, dict):
-        raise CheckpointError(f"The completion marker {_fs.MARKER!r} of {root!r} is not a JSON object.")
-    _check_version(root, _fs.MARKER, marker.get("schema_version"))
-    raw, _ = _read_json_file(root, _fs.METADATA, _MAX_METADATA_BYTES)
-    if len(raw) != marker.get("metadata_nbytes") or zlib.crc32(raw) != marker.get("metadata_crc32"):
-        raise CheckpointError(
-            f"{_fs.METADATA!r} of the checkpoint {root!r} does not match its completion marker (size or "
-            f"checksum): the file was modified or corrupted after the checkpoint was written."
-        )
-    return raw
+def dump_component(obj, path, *, fsync: bool = True, progress: bool | None = None) -> None:
+    """Saves a storage, sampler, writer or replay buffer to the checkpoint directory ``path``.
 
+    This is what ``obj.dumps(path)`` runs. The checkpoint's metadata holds ``{"component": {"class": ...,
+    "doc": ...}}`` where ``doc`` is the component's handler document (see :func:`register_checkpoint_handler`).
 
-def _parse_document(root: str, raw: bytes) -> dict[str, Any]:
-    document = json.loads(raw.decode("utf-8"))
-    if not isinstance(document, dict):
-        raise CheckpointError(f"{_fs.METADATA!r} of {root!r} is not a JSON object.")
-    _check_version(root, _fs.METADATA, document.get("schema_version"))
-    if document.get("format") != FORMAT:
-        raise CheckpointError(
-            f"{_fs.METADATA!r} of {root!r} has format {document.get('format')!r}, expected {FORMAT!r}."
-        )
-    checksum = document.get("checksum")
-    if checksum != {"algorithm": "crc32", "window_bytes": _io.CHECKSUM_WINDOW}:
-        raise CheckpointError(f"{_fs.METADATA!r} of {root!r} has an unknown checksum description {checksum!r}.")
-    if not isinstance(document.get("tensors"), dict):
-        raise CheckpointError(f"{_fs.METADATA!r} of {root!r} has no 'tensors' object.")
-    if not isinstance(document.get("metadata"), dict):
-        raise CheckpointError(f"{_fs.METADATA!r} of {root!r} has no 'metadata' object.")
-    return document
+    Args:
+        obj: the component.
+        path (str or path-like): the checkpoint directory; a previous checkpoint there is replaced atomically.
 
+    Keyword Args:
+        fsync (bool): see :func:`write_checkpoint`. Defaults to ``True``.
+        progress (bool, optional): see :func:`write_checkpoint`. Defaults to ``None``.
 
-def _is_int(value, low: int = 0, high: int | None = None) -> bool:
-    return (
-        isinstance(value, int)
-        and not isinstance(value, bool)
-        and value >= low
-        and (high is None or value <= high)
-    )
+    Raises:
+        TypeError: if the component holds data a checkpoint cannot represent without pickling (e.g. a
+            ``ListStorage`` item that is a string).
 
-
-def _validated_entries(root: str, described: dict) -> list[tuple]:
-    """``(name, file, dtype, shape, nbytes, crc)`` for every tensor, after checking all of them."""
-    entries, files = [], set()
-    for name, entry in described.items():
-        where = f"the entry {name!r} of {_fs.METADATA!r} in the checkpoint {root!r}"
-        if _io.name_problem(name) is not None:
-            raise CheckpointError(f"{where}: the name is unsafe ({_io.name_problem(name)}).")
-        if not isinstance(entry, dict) or set(entry) != {"file", "dtype", "shape", "nbytes", "crc32"}:
-            raise CheckpointError(f"{where} must be an object with keys file, dtype, shape, nbytes, crc32.")
-        relative, dtype, shape, nbytes, crc = (entry[k] for k in ("file", "dtype", "shape", "nbytes", "crc32"))
-        problem = _io.name_problem(relative)
-        if problem is not None or not relative.endswith(_io.MEMMAP_SUFFIX):
-            raise CheckpointError(
-                f"{where}: the file path {relative!r} is refused ({problem or 'it does not end in .memmap'})."
-            )
-        if relative in files:
-            raise CheckpointError(f"{where}: the file {relative!r} is described twice.")
-        files.add(relative)
-        if not isinstance(dtype, str) or dtype not in _io.DTYPES:
-            raise CheckpointError(f"{where}: dtype {dtype!r} is not one of {sorted(_io.DTYPES)}.")
-        if not isinstance(shape, list) or len(shape) > _MAX_NDIM or not all(_is_int(s) for s in shape):
-            raise CheckpointError(f"{where}: shape {shape!r} is not a list of non-negative ints.")
-        torch_dtype = _io.DTYPES[dtype]
-        if not _is_int(nbytes) or nbytes != _io.tensor_nbytes(torch_dtype, shape):
-            raise CheckpointError(
-                f"{where}: nbytes {nbytes!r} does not match shape {shape} of dtype {dtype} "
-                f"({_io.tensor_nbytes(torch_dtype, shape)} bytes)."
-            )
-        if not isinstance(crc, list) or len(crc) != 2 or not all(_is_int(c, 0, 0xFFFFFFFF) for c in crc):
-            raise CheckpointError(f"{where}: crc32 {crc!r} is not a pair of 32-bit unsigned ints.")
-        size = _io.lstat_inside(root, relative).st_size
-        if size != nbytes:
-            raise CheckpointError(
-                f"The file {relative!r} of the checkpoint {root!r} holds {size} bytes; the metadata says "
-                f"{nbytes} (shape {shape}, dtype {dtype}). The file is truncated or was replaced."
-            )
-        entries.append((name, relative, torch_dtype, shape, nbytes, crc))
-    return entries
-
-
-# -- components (storages, samplers, writers) -------------------------------------------------------------------
-def dump_component(obj, path) -> None:
-    """Saves a storage, sampler or writer to the checkpoint directory ``path``."""
-    raise NotImplementedError(f"Saving a {type(obj).__name__} to a checkpoint is not implemented yet.")
+    Examples:
+        >>> import os, tempfile, torch
+        >>> from torchrl.data import LazyTensorStorage
+        >>> from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
+        >>> storage = LazyTensorStorage(10)
+        >>> storage.set(torch.arange(3), torch.ones(3, 2))
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     dump_component(storage, os.path.join(d, "s"))
+        ...     fresh = LazyTensorStorage(10)
+        ...     load_component(fresh, os.path.join(d, "s"))
+        >>> len(fresh), fresh.get(2).tolist()
+        (3, [1.0, 1.0])
+    """
+    path = _check_path(path)
+    c = _components()
+    tensors, doc = c.dump_any(obj, c.Context(path))
+    write_checkpoint(path, tensors, {"component": doc}, fsync=fsync, progress=progress)
 
 
 def load_component(obj, path) -> None:
-    """Loads a checkpoint written by :func:`dump_component` into ``obj``."""
-    raise NotImplementedError(f"Loading a checkpoint into a {type(obj).__name__} is not implemented yet.")
+    """Loads a checkpoint written by :func:`dump_component` into ``obj`` (what ``obj.loads(path)`` runs).
+
+    The checkpoint is validated (:func:`read_checkpoint`) and compared with ``obj`` (class, capacity, data
+    keys, shapes and dtypes of an initialized storage) before anything is modified. Storage content is
+    copied file-to-file into a memory-mapped storage, read straight into a RAM storage, and mapped in place
+    when ``obj`` is a memory-mapped storage whose ``scratch_dir`` is the checkpoint's storage directory.
+
+    Args:
+        obj: a component built with the configuration of the saved one (typically freshly).
+        path (str or path-like): the checkpoint directory.
+
+    Raises:
+        FileNotFoundError: if there is no checkpoint at ``path``.
+        CheckpointError: if the checkpoint is incomplete, corrupted or malformed.
+        ValueError: if the checkpoint does not fit ``obj`` (the message says what differs); ``obj`` is unchanged.
+
+    Examples:
+        >>> import os, tempfile, torch
+        >>> from torchrl.data import RandomSampler
+        >>> from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     dump_component(RandomSampler(), os.path.join(d, "s"))
+        ...     load_component(RandomSampler(), os.path.join(d, "s"))
+    """
+    tensors, metadata = read_checkpoint(path)
+    doc = metadata.get("component")
+    if not isinstance(doc, dict) or not isinstance(doc.get("class"), str) or not isinstance(doc.get("doc"), dict):
+        raise CheckpointError(
+            f"The checkpoint at {os.fspath(path)!r} holds no component description: it was not written by "
+            f"`dumps` (use read_checkpoint for checkpoints written by write_checkpoint)."
+        )
+    c = _components()
+    ctx = c.Context(_check_path(path))
+    try:
+        c.check_any(obj, doc, tensors, ctx)
+    except (KeyError, IndexError, AttributeError, TypeError) as err:
+        raise CheckpointError(
+            f"The component description in the checkpoint at {os.fspath(path)!r} is malformed: "
+            f"{type(err).__name__}: {err}."
+        ) from None
+    c.load_any(obj, doc, tensors, ctx)

@@ -1,0 +1,194 @@
+"""Checkpoint bandwidth against numpy.save / numpy.load on the same disk, and peak RSS of a memmap dump.
+
+Usage::
+
+    python benchmarks/checkpoint_bandwidth.py                  # 1 GB, 5 rounds, in the system temp dir
+    python benchmarks/checkpoint_bandwidth.py --size-mb 64 --rounds 2 --dir /data/scratch
+
+Each round runs every side once, in an order that alternates between rounds, and the table reports the
+median bandwidth of each side and the median of the per-round ratios (ours / numpy). Rows:
+
+- ``dumps``: ``write_checkpoint(path, {"x": t}, {})`` vs ``numpy.save`` of the same bytes, with ``fsync``
+  on both sides or on neither;
+- ``loads``: ``read_checkpoint(mmap=False)`` (validates, then reads every byte into RAM) vs ``numpy.load``
+  (which reads every byte); ``--cold`` evicts both files from the page cache first (``posix_fadvise(DONTNEED)``, this file
+  only), otherwise reads come from the page cache;
+- ``loads (map only)``: ``read_checkpoint`` vs ``numpy.load(mmap_mode="r")``, both lazy: for information,
+  it has no target (a fixed cost of validation, not a bandwidth).
+
+Then the peak resident memory added while a child process dumps a memory-mapped tensor of the same size
+(``VmHWM`` after a reset), ours vs ``numpy.save`` of a ``numpy.memmap``. Targets: dumps and loads at >= 70%
+of numpy's bandwidth; the memmap dump adds <= 10% of its size to the peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from torchrl.data.replay_buffers.checkpointers import read_checkpoint, write_checkpoint  # noqa: E402
+
+TARGET = 0.70
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _evict(path: str) -> None:
+    """Drops ``path``'s clean pages from the page cache (after an fsync, so all of them are clean)."""
+    _fsync_path(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _np_save(file: str, array: np.ndarray, fsync: bool) -> None:
+    with open(file, "wb") as f:
+        np.save(f, array)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    if fsync:
+        _fsync_path(os.path.dirname(file))
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _bench(size: int, rounds: int, workdir: str, cold: bool) -> list[tuple[str, list[float], list[float]]]:
+    tensor = torch.randint(0, 256, (size,), dtype=torch.uint8).view(torch.float32)
+    array = tensor.numpy()
+    ours_path, np_file = os.path.join(workdir, "ckpt"), os.path.join(workdir, "array.npy")
+    ours_file = os.path.join(ours_path, "x.memmap")
+    rows: dict[str, tuple[list[float], list[float]]] = {}
+
+    def record(row: str, ours: float, theirs: float) -> None:
+        rows.setdefault(row, ([], []))
+        rows[row][0].append(ours)
+        rows[row][1].append(theirs)
+
+    for r in range(rounds):
+        ours_first = r % 2 == 0
+        for fsync in (False, True):
+            sides = [
+                lambda fsync=fsync: write_checkpoint(ours_path, {"x": tensor}, {}, fsync=fsync, progress=False),
+                lambda fsync=fsync: _np_save(np_file, array, fsync),
+            ]
+            order = sides if ours_first else sides[::-1]
+            times = [_timed(fn) for fn in order]
+            record(f"dumps, fsync={fsync}", *(times if ours_first else times[::-1]))
+        for name, ours_fn, np_fn in (
+            ("loads", lambda: read_checkpoint(ours_path, mmap=False, progress=False), lambda: np.load(np_file)),
+            ("loads (map only)", lambda: read_checkpoint(ours_path), lambda: np.load(np_file, mmap_mode="r")),
+        ):
+            times = []
+            for fn in (ours_fn, np_fn) if ours_first else (np_fn, ours_fn):
+                if cold:
+                    _evict(ours_file)
+                    _evict(np_file)
+                times.append(_timed(fn))
+            record(name + (", cold" if cold else ", page cache"), *(times if ours_first else times[::-1]))
+    return [(name, ours, theirs) for name, (ours, theirs) in rows.items()]
+
+
+def _rss_child(side: str, source: str, target: str, size: int) -> None:
+    """Runs in a fresh process: prints the peak RSS (bytes) added by dumping a memmap of ``source``."""
+
+    def hwm() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+    if side == "ours":
+        from tensordict import MemoryMappedTensor
+
+        mapped = MemoryMappedTensor.from_filename(source, torch.uint8, (size,))
+    else:
+        mapped = np.memmap(source, dtype=np.uint8, mode="r+", shape=(size,))
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = hwm()
+    if side == "ours":
+        write_checkpoint(target, {"x": mapped}, {}, fsync=False, progress=False)
+    else:
+        np.save(target, mapped)
+    print(hwm() - base)
+
+
+def _peak_rss(size: int, workdir: str) -> dict[str, int] | None:
+    if not os.path.exists("/proc/self/clear_refs"):
+        return None
+    source = os.path.join(workdir, "source.memmap")
+    with open(source, "wb") as f:
+        block = os.urandom(1 << 20)
+        for _ in range(size >> 20):
+            f.write(block)
+        f.write(block[: size % (1 << 20)])
+    out = {}
+    for side, target in (("ours", "rss_ckpt"), ("numpy", "rss.npy")):
+        cmd = [sys.executable, os.path.abspath(__file__), "--rss-child", side, source]
+        cmd += [os.path.join(workdir, target), str(size)]
+        result = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        out[side] = int(result.stdout.strip().splitlines()[-1])
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=int, default=1024, help="bytes written per side, in MiB (default 1024)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--dir", default=None, help="where files go (default: the system temp dir)")
+    parser.add_argument("--cold", action="store_true", help="evict the files from the page cache before reads")
+    parser.add_argument("--rss-child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.rss_child:
+        side, source, target, size = args.rss_child
+        _rss_child(side, source, target, int(size))
+        return
+    if args.size_mb <= 0 or args.rounds <= 0:
+        parser.error(f"`--size-mb` and `--rounds` must be positive; got {args.size_mb} and {args.rounds}.")
+    size = args.size_mb << 20
+    workdir = tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir)
+    try:
+        rows = _bench(size, args.rounds, workdir, args.cold)
+        rss = _peak_rss(size, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"\n{args.size_mb} MiB, {args.rounds} rounds, in {args.dir or tempfile.gettempdir()}")
+    print(f"{'operation':<30} {'ours MB/s':>10} {'numpy MB/s':>11} {'ratio':>7} {'target':>7}  ok")
+    for name, ours, theirs in rows:
+        ratio = statistics.median(t / o for o, t in zip(ours, theirs))
+        bw_ours, bw_np = (size / 1e6 / statistics.median(t) for t in (ours, theirs))
+        if "map only" in name:
+            print(f"{name:<30} {bw_ours:>10.0f} {bw_np:>11.0f} {ratio:>7.2f} {'-':>7}  -")
+            continue
+        check = "yes" if ratio >= TARGET else "NO"
+        print(f"{name:<30} {bw_ours:>10.0f} {bw_np:>11.0f} {ratio:>7.2f} {TARGET:>7.2f}  {check}")
+    if rss is not None:
+        print(f"\npeak RSS added while dumping a {args.size_mb} MiB memmap (target <= 10% of its size):")
+        for side, added in rss.items():
+            print(f"  {side:<6} {added / 2**20:8.1f} MiB  ({100 * added / size:5.1f}%)")
+
+
+if __name__ == "__main__":
+    main()
