@@ -402,15 +402,30 @@ class ReplayBuffer:
         self.set_rng(rng)
 
     # -- persistence and adapters -------------------------------------------------------------------------------
-    def dumps(self, path) -> None:
+    def dumps(self, path, **kwargs) -> None:
         """Saves the buffer (storage, writer, sampler, transforms, generator) to the directory ``path``.
 
-        See :mod:`torchrl.data.replay_buffers.checkpointers` for the format.
+        The format is memory-mapped tensor files plus JSON metadata, without pickle, written atomically (a
+        crash leaves the previous checkpoint at ``path``); see :mod:`torchrl.data.replay_buffers.checkpointers`.
+        Keyword arguments (``fsync=True``, ``progress=None``) go to
+        :func:`~torchrl.data.replay_buffers.checkpointers.dump_component`.
+
+        Examples:
+            >>> import tempfile, torch
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=2)
+            >>> _ = rb.extend(torch.arange(4))
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     rb.dumps(d + "/ckpt")
+            ...     fresh = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=2)
+            ...     fresh.loads(d + "/ckpt")
+            >>> fresh[:]
+            tensor([0, 1, 2, 3])
         """
         from torchrl.data.replay_buffers.checkpointers import dump_component
 
         with self._futures_lock, self._replay_lock:
-            dump_component(self, path)
+            dump_component(self, path, **kwargs)
 
     def loads(self, path) -> None:
         """Loads a buffer saved by :meth:`dumps` into this one (built with the same configuration)."""

@@ -75,11 +75,15 @@ class Sampler(abc.ABC):
     def _empty(self) -> None:
         return None
 
-    def dumps(self, path) -> None:
-        """Saves the sampler's state to the directory ``path``."""
+    def dumps(self, path, **kwargs) -> None:
+        """Saves the sampler's state to the directory ``path``.
+
+        Keyword arguments (``fsync``, ``progress``) go to
+        :func:`~torchrl.data.replay_buffers.checkpointers.dump_component`.
+        """
         from torchrl.data.replay_buffers.checkpointers import dump_component
 
-        dump_component(self, path)
+        dump_component(self, path, **kwargs)
 
     def loads(self, path) -> None:
         """Loads a state saved by :meth:`dumps`."""

@@ -136,11 +136,15 @@ class Storage(abc.ABC):
         return StorageDataset(self, share_memory=share_memory)
 
     # -- persistence ------------------------------------------------------------------------------------------
-    def dumps(self, path) -> None:
-        """Saves the storage to the directory ``path`` (see :mod:`torchrl.data.replay_buffers.checkpointers`)."""
+    def dumps(self, path, **kwargs) -> None:
+        """Saves the storage to the directory ``path`` (see :mod:`torchrl.data.replay_buffers.checkpointers`).
+
+        Keyword arguments (``fsync``, ``progress``) go to
+        :func:`~torchrl.data.replay_buffers.checkpointers.dump_component`.
+        """
         from torchrl.data.replay_buffers.checkpointers import dump_component
 
-        dump_component(self, path)
+        dump_component(self, path, **kwargs)
 
     def loads(self, path) -> None:
         """Loads a storage saved by :meth:`dumps` into this one."""

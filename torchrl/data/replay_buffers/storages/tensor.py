@@ -43,16 +43,18 @@ class TensorStorage(Storage):
         device (torch.device or str): where the data lives. Defaults to ``"cpu"``.
         ndim (int): how many leading dims index items (``2`` for ``[time, envs]`` data). Defaults to ``1``.
 
+    A storage built over preallocated data counts every row as filled: it wraps a dataset that can be sampled
+    at once. A buffer writing into it starts at row 0 and overwrites the rows in turn.
+
     Examples:
         >>> import torch
         >>> from tensordict import TensorDict
         >>> from torchrl.data import TensorStorage
-        >>> storage = TensorStorage(TensorDict(obs=torch.zeros(10, 3), batch_size=[10]))
-        >>> storage.set(torch.arange(4), TensorDict(obs=torch.ones(4, 3), batch_size=[4]))
+        >>> storage = TensorStorage(TensorDict(obs=torch.arange(10.0), batch_size=[10]))
         >>> len(storage)
-        4
-        >>> storage.get(torch.tensor([0, 3]))["obs"].shape
-        torch.Size([2, 3])
+        10
+        >>> storage.get(torch.tensor([0, 3]))["obs"]
+        tensor([0., 3.])
     """
 
     def __init__(self, storage=None, max_size: int | None = None, *, device="cpu", ndim: int = 1):

@@ -62,11 +62,15 @@ class Writer(abc.ABC):
         rows = rows.repeat_interleave(cells.shape[0]).unsqueeze(-1)
         return torch.cat([rows, cells.repeat(rows.shape[0] // cells.shape[0], 1)], -1)
 
-    def dumps(self, path) -> None:
-        """Saves the writer's state to the directory ``path``."""
+    def dumps(self, path, **kwargs) -> None:
+        """Saves the writer's state to the directory ``path``.
+
+        Keyword arguments (``fsync``, ``progress``) go to
+        :func:`~torchrl.data.replay_buffers.checkpointers.dump_component`.
+        """
         from torchrl.data.replay_buffers.checkpointers import dump_component
 
-        dump_component(self, path)
+        dump_component(self, path, **kwargs)
 
     def loads(self, path) -> None:
         """Loads a state saved by :meth:`dumps`."""
