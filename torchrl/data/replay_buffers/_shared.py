@@ -34,21 +34,26 @@ class SharedCounters:
         {'length': 3, 'cursor': 0}
     """
 
-    __slots__ = ("_names", "_pos", "_tensor")
+    __slots__ = ("_names", "_pos", "_tensor", "_array")
 
     def __init__(self, names: tuple[str, ...]):
         self._names = tuple(names)
         self._pos = {name: i for i, name in enumerate(self._names)}
-        self._tensor = torch.zeros(len(self._names), dtype=torch.int64).share_memory_()
+        self._attach(torch.zeros(len(self._names), dtype=torch.int64).share_memory_())
+
+    def _attach(self, tensor: torch.Tensor) -> None:
+        self._tensor = tensor
+        # a numpy view of the same shared memory: reads and writes cost ~0.1 us instead of a tensor op's ~3 us
+        self._array = tensor.numpy()
 
     def __getitem__(self, name: str) -> int:
-        return int(self._tensor[self._pos[name]])
+        return int(self._array[self._pos[name]])
 
     def __setitem__(self, name: str, value: int) -> None:
-        self._tensor[self._pos[name]] = int(value)
+        self._array[self._pos[name]] = int(value)
 
     def as_dict(self) -> dict[str, int]:
-        return dict(zip(self._names, self._tensor.tolist()))
+        return dict(zip(self._names, self._array.tolist()))
 
     def load_dict(self, values: dict[str, int]) -> None:
         for name, value in values.items():
@@ -61,7 +66,7 @@ class SharedCounters:
         self._names = tuple(state["names"])
         self._pos = {name: i for i, name in enumerate(self._names)}
         tensor = state["tensor"]
-        self._tensor = tensor if tensor.is_shared() else tensor.clone().share_memory_()
+        self._attach(tensor if tensor.is_shared() else tensor.clone().share_memory_())
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.as_dict()})"
