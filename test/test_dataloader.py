@@ -466,3 +466,63 @@ def test_spawn_dataloader_pickling_regressions():
     for b in batches:  # the preallocated rows are the data: values are their own positions
         assert b.shape == (10,) and (b == b.round()).all() and ((b >= 0) & (b < 100)).all()
     assert not torch.equal(batches[0], batches[1])  # the two workers draw different streams
+
+
+# -- the worker transport of tensordict_collate -------------------------------------------------------------------
+def test_batch_ring_round_trip_and_slot_reuse():
+    from torchrl.data.replay_buffers import _worker_transport as wt
+
+    batch = make_data(8)
+    ring = wt.BatchRing.for_batch(batch)
+    messages = [ring.put(make_data(8, start=10 * i)) for i in range(ring.slots)]
+    assert all(m is not None for m in messages)
+    assert ring.put(batch) is None  # every slot in flight: the batch travels the ordinary way
+    received = pickle.loads(pickle.dumps(messages[0]))  # unpickling copies the slot out and frees it
+    assert isinstance(received, TensorDict) and received.batch_size == (8,)
+    assert received["idx"].tolist() == list(range(8))
+    assert (received["obs"][:, 0] == received["idx"].float()).all()
+    again = ring.put(make_data(8, start=100))  # the freed slot is reused
+    assert again is not None
+    assert pickle.loads(pickle.dumps(again))["idx"].tolist() == list(range(100, 108))
+    assert pickle.loads(pickle.dumps(messages[1]))["idx"].tolist() == list(range(10, 18))  # untouched
+
+
+def test_batch_ring_refuses_what_it_cannot_carry():
+    from torchrl.data.replay_buffers import _worker_transport as wt
+
+    ring = wt.BatchRing.for_batch(make_data(8))
+    assert ring.put(make_data(4)) is None  # another shape
+    assert ring.put(TensorDict(obs=torch.zeros(8, 3), batch_size=[8])) is None  # other keys
+    assert wt.BatchRing.for_batch(tensordict_collate([TensorDict(x=torch.zeros(2)),
+                                                      TensorDict(x=torch.zeros(3))])) is None  # lazy stack
+    assert wt.BatchRing.for_batch(TensorDict(x=torch.zeros(2), s="text", batch_size=[])) is None
+    tensor_ring = wt.BatchRing.for_batch(torch.arange(6).reshape(2, 3))
+    assert torch.equal(pickle.loads(pickle.dumps(tensor_ring.put(torch.ones(2, 3, dtype=torch.long)))),
+                       torch.ones(2, 3, dtype=torch.long))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_worker_batches_use_the_ring_and_leave_no_file():
+    import glob
+
+    from torchrl.data.replay_buffers import _worker_transport as wt
+
+    before = set(glob.glob("/dev/shm/torchrl-batch-ring-*"))
+    wt._mapped.clear()
+    rb = filled_buffer("memmap", n=64, batch_size=16)
+    batches = list(DataLoader(rb.as_dataset(num_batches=12), batch_size=None, collate_fn=tensordict_collate,
+                              **loader_kwargs(2, "fork")))
+    assert len(batches) == 12 and all(isinstance(b, TensorDict) for b in batches)
+    assert all((b["obs"][:, 0] == b["idx"].float()).all() for b in batches)
+    assert len(wt._mapped) == 2  # one ring per worker carried the batches
+    assert set(glob.glob("/dev/shm/torchrl-batch-ring-*")) == before  # removed when the workers exited
+
+
+def test_collate_outside_the_dataloader_fetcher_never_sends_ring_messages():
+    # a buffer built with collate_fn=tensordict_collate samples in a worker: rb.sample() must return data
+    rb = ReplayBuffer(storage=ListStorage(32), batch_size=4, collate_fn=tensordict_collate)
+    rb.extend([TensorDict(x=torch.tensor(float(i))) for i in range(16)])
+    batches = list(DataLoader(rb.as_dataset(num_batches=4), batch_size=None, collate_fn=tensordict_collate,
+                              **loader_kwargs(1, "fork")))
+    assert all(isinstance(b, TensorDict) and b.batch_size == (4,) for b in batches)

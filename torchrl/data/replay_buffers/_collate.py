@@ -1,10 +1,18 @@
-"""The collate function shared by buffers and DataLoader adapters: :func:`tensordict_collate`."""
+"""Collate functions: :func:`tensordict_collate` (for DataLoaders) and :func:`stack_samples` (for buffers)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from tensordict import collate as _td_collate
+from torch.utils.data import get_worker_info
+
+
+def stack_samples(batch: Any) -> Any:
+    """A batch unchanged; a list of samples stacked with :func:`tensordict.collate` (what buffers use)."""
+    if not isinstance(batch, list):
+        return batch
+    return _td_collate(batch)
 
 
 def tensordict_collate(batch: Any) -> Any:
@@ -17,7 +25,10 @@ def tensordict_collate(batch: Any) -> Any:
     :func:`torch.stack`; mappings and tuples element-wise.
 
     Use it as the ``collate_fn`` of a DataLoader over a replay buffer or a storage: torch's default collate
-    (and ``default_convert`` when ``batch_size=None``) cannot pass a TensorDict batch through.
+    (and ``default_convert`` when ``batch_size=None``) cannot pass a TensorDict batch through. In DataLoader
+    workers it also sends dense CPU tensor and TensorDict batches through a per-worker ring of reusable
+    shared-memory slots instead of a new shared-memory segment per tensor and batch (see
+    :mod:`torchrl.data.replay_buffers._worker_transport`); the main process receives ordinary tensors.
 
     Args:
         batch: a collated batch, or a list of samples.
@@ -35,6 +46,13 @@ def tensordict_collate(batch: Any) -> Any:
         >>> tensordict_collate(td) is td
         True
     """
-    if not isinstance(batch, list):
-        return batch
-    return _td_collate(batch)
+    out = stack_samples(batch)
+    if get_worker_info() is not None:
+        from torchrl.data.replay_buffers._worker_transport import (
+            called_by_dataloader_fetcher,
+            send_from_worker,
+        )
+
+        if called_by_dataloader_fetcher(depth=2):
+            return send_from_worker(out)
+    return out

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from torchrl.data.replay_buffers._collate import tensordict_collate
+from torchrl.data.replay_buffers._collate import stack_samples
 from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
 from torchrl.data.replay_buffers.storages import ListStorage, Storage, TensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter, Writer
@@ -142,7 +142,7 @@ class ReplayBuffer:
         return RoundRobinWriter()
 
     def _default_collate(self):
-        return _identity if isinstance(self._storage, TensorStorage) else tensordict_collate
+        return _identity if isinstance(self._storage, TensorStorage) else stack_samples
 
     @staticmethod
     def _as_compose(transform) -> Compose:

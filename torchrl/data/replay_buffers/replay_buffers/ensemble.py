@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from torchrl.data.replay_buffers._collate import tensordict_collate
+from torchrl.data.replay_buffers._collate import stack_samples
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
 from torchrl.data.replay_buffers.samplers.ensemble import SamplerEnsemble
 from torchrl.data.replay_buffers.storages.ensemble import (
@@ -120,7 +120,7 @@ class ReplayBufferEnsemble(ReplayBuffer):
                 num_buffer_sampled=num_buffer_sampled,
             ),
             writer=WriterEnsemble(*(rb.writer for rb in rbs)),
-            collate_fn=collate_fn if collate_fn is not None else tensordict_collate,
+            collate_fn=collate_fn if collate_fn is not None else stack_samples,
             transform=transform,
             batch_size=batch_size,
             generator=generator,

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from torchrl.data.replay_buffers._collate import tensordict_collate
+from torchrl.data.replay_buffers._collate import stack_samples
 from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size
 from torchrl.data.replay_buffers.storages.ensemble import (
     StorageEnsemble,
@@ -204,7 +204,7 @@ class SamplerEnsemble(Sampler):
             rows.append(TensorDict(buffer_ids=torch.tensor(buffer_id), index=flat))
             infos.append(info)
         self._ran_out = any(self._samplers[i].ran_out for i in set(buffer_ids.tolist()))
-        return tensordict_collate(rows), {"buffer_ids": buffer_ids, "member_info": infos}
+        return stack_samples(rows), {"buffer_ids": buffer_ids, "member_info": infos}
 
     @property
     def ran_out(self) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from torchrl.data.replay_buffers._collate import tensordict_collate
+from torchrl.data.replay_buffers._collate import stack_samples
 from torchrl.data.replay_buffers.storages.base import Storage
 from torchrl.envs.transforms.transforms import Compose, as_transform
 
@@ -112,7 +112,7 @@ class StorageEnsemble(Storage):
         for i, fn in enumerate(collate_fns):
             if fn is not None and not callable(fn):
                 raise TypeError(f"`collate_fns[{i}]` must be callable or None, got {type(fn).__name__}.")
-        self._collate_fns = [tensordict_collate if fn is None else fn for fn in collate_fns]
+        self._collate_fns = [stack_samples if fn is None else fn for fn in collate_fns]
         self._attached_entities: list[Any] = []
 
     @property
