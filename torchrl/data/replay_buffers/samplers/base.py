@@ -20,10 +20,12 @@ from typing import Any
 
 import torch
 
+from torchrl.data.replay_buffers._component import Component
+
 _INT64_MAX = torch.iinfo(torch.int64).max
 
 
-class Sampler(abc.ABC):
+class Sampler(Component, abc.ABC):
     """Base class of replay-buffer samplers (see the module docstring for the contract)."""
 
     requires_shared_state: bool = True
@@ -74,31 +76,6 @@ class Sampler(abc.ABC):
 
     def _empty(self) -> None:
         return None
-
-    def dumps(self, path, **kwargs) -> None:
-        """Saves the sampler's state to the directory ``path``.
-
-        Keyword arguments (``fsync``, ``progress``) go to
-        :func:`~torchrl.data.replay_buffers.checkpointers.dump_component`.
-        """
-        from torchrl.data.replay_buffers.checkpointers import dump_component
-
-        dump_component(self, path, **kwargs)
-
-    def loads(self, path) -> None:
-        """Loads a state saved by :meth:`dumps`."""
-        from torchrl.data.replay_buffers.checkpointers import load_component
-
-        load_component(self, path)
-
-    dump = dumps
-    save = dumps
-    load = loads
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state.pop("_rng", None)
-        return state
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

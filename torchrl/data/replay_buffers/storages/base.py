@@ -25,8 +25,10 @@ from typing import Any
 
 import torch
 
+from torchrl.data.replay_buffers._component import Component
 
-class Storage(abc.ABC):
+
+class Storage(Component, abc.ABC):
     """Base class of replay-buffer storages.
 
     Args:
@@ -135,31 +137,9 @@ class Storage(abc.ABC):
 
         return StorageDataset(self, share_memory=share_memory)
 
-    # -- persistence ------------------------------------------------------------------------------------------
-    def dumps(self, path, **kwargs) -> None:
-        """Saves the storage to the directory ``path`` (see :mod:`torchrl.data.replay_buffers.checkpointers`).
-
-        Keyword arguments (``fsync``, ``progress``) go to
-        :func:`~torchrl.data.replay_buffers.checkpointers.dump_component`.
-        """
-        from torchrl.data.replay_buffers.checkpointers import dump_component
-
-        dump_component(self, path, **kwargs)
-
-    def loads(self, path) -> None:
-        """Loads a storage saved by :meth:`dumps` into this one."""
-        from torchrl.data.replay_buffers.checkpointers import load_component
-
-        load_component(self, path)
-
-    dump = dumps
-    save = dumps
-    load = loads
-
     def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_attached_entities"] = []
-        state.pop("_rng", None)
+        state = super().__getstate__()
+        state["_attached_entities"] = []  # buffers re-attach themselves when they are unpickled
         return state
 
     def __setstate__(self, state):

@@ -16,8 +16,10 @@ import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDictBase, is_tensorclass
 
+from torchrl.data.replay_buffers._component import Component
 
-class Writer(abc.ABC):
+
+class Writer(Component, abc.ABC):
     """Base class of replay-buffer writers (see the module docstring for the contract)."""
 
     _storage = None
@@ -61,31 +63,6 @@ class Writer(abc.ABC):
         cells = torch.stack([g.reshape(-1) for g in grids], -1)  # [cells, ndim - 1]
         rows = rows.repeat_interleave(cells.shape[0]).unsqueeze(-1)
         return torch.cat([rows, cells.repeat(rows.shape[0] // cells.shape[0], 1)], -1)
-
-    def dumps(self, path, **kwargs) -> None:
-        """Saves the writer's state to the directory ``path``.
-
-        Keyword arguments (``fsync``, ``progress``) go to
-        :func:`~torchrl.data.replay_buffers.checkpointers.dump_component`.
-        """
-        from torchrl.data.replay_buffers.checkpointers import dump_component
-
-        dump_component(self, path, **kwargs)
-
-    def loads(self, path) -> None:
-        """Loads a state saved by :meth:`dumps`."""
-        from torchrl.data.replay_buffers.checkpointers import load_component
-
-        load_component(self, path)
-
-    dump = dumps
-    save = dumps
-    load = loads
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state.pop("_rng", None)
-        return state
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
