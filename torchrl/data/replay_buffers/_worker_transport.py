@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 
+import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
@@ -151,8 +152,12 @@ def _receive(path, total, slots, slot, slot_bytes, layout, batch_size):
     out = []
     for key, dtype, shape, offset in layout:
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        src = buffer[base + offset : base + offset + nbytes]
-        out.append((key, src.view(dtype).view(shape).clone() if nbytes else torch.empty(shape, dtype=dtype)))
+        target = torch.empty(shape, dtype=dtype)
+        if nbytes:
+            # numpy's copy is single-threaded: a parallel torch copy in the main process would wait for a core
+            # that the workers keep busy (the ~8 ms stall of multi-threaded ops on a loaded machine)
+            np.copyto(target.view(-1).view(torch.uint8).numpy(), buffer[base + offset : base + offset + nbytes].numpy())
+        out.append((key, target))
     buffer[: _STATE_BYTES * slots].view(torch.int64)[slot * (_STATE_BYTES // 8)] = 0
     if batch_size is None:
         return out[0][1]
