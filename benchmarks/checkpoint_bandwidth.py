@@ -153,6 +153,30 @@ def _peak_rss(size: int, workdir: str) -> dict[str, int] | None:
     return out
 
 
+def _buffer_rss_child(size: int, workdir: str) -> None:
+    """Runs in a fresh process: fills a LazyMemmapStorage buffer of ``size`` bytes of uint8 frames, then prints
+    the peak RSS (bytes) that ``rb.dumps`` adds on top of what the filled buffer already holds."""
+    from tensordict import TensorDict
+
+    from torchrl.data import LazyMemmapStorage, ReplayBuffer
+
+    frame = 3 * 96 * 96
+    n = max(1, size // frame)
+    rb = ReplayBuffer(storage=LazyMemmapStorage(n, scratch_dir=os.path.join(workdir, "scratch")), batch_size=32)
+    chunk = 4096
+    for start in range(0, n, chunk):
+        k = min(chunk, n - start)
+        rb.extend(TensorDict(pixels=torch.randint(0, 256, (k, 3, 96, 96), dtype=torch.uint8), batch_size=[k]))
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    with open("/proc/self/status") as f:
+        base = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    rb.dumps(os.path.join(workdir, "rb_ckpt"), fsync=False)
+    with open("/proc/self/status") as f:
+        peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    print(n * frame, peak - base)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=1024, help="bytes written per side, in MiB (default 1024)")
@@ -160,7 +184,25 @@ def main(argv=None) -> None:
     parser.add_argument("--dir", default=None, help="where files go (default: the system temp dir)")
     parser.add_argument("--cold", action="store_true", help="evict the files from the page cache before reads")
     parser.add_argument("--rss-child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--buffer-rss-mb", type=int, default=None,
+                        help="only measure the peak RSS that rb.dumps adds for a LazyMemmapStorage buffer of this size")
+    parser.add_argument("--buffer-rss-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.buffer_rss_child:
+        _buffer_rss_child(int(args.buffer_rss_child[0]), args.buffer_rss_child[1])
+        return
+    if args.buffer_rss_mb:
+        workdir = tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir)
+        try:
+            cmd = [sys.executable, os.path.abspath(__file__), "--buffer-rss-child", str(args.buffer_rss_mb << 20),
+                   workdir]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        size, added = int(out[-2]), int(out[-1])
+        print(f"rb.dumps of a {size / 2**30:.2f} GiB LazyMemmapStorage buffer: peak RSS added "
+              f"{added / 2**20:.1f} MiB ({100 * added / size:.2f}% of its size; target <= 10%)")
+        return
     if args.rss_child:
         side, source, target, size = args.rss_child
         _rss_child(side, source, target, int(size))
