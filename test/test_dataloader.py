@@ -168,37 +168,31 @@ def test_storage_dataset_tensor_and_pytree_data_with_both_collates(data):
             assert (batch["y"][0] == 2 * x).all()
 
 
-def test_getitems_calls_storage_get_once():
-    storage = make_storage("lazy")
-    storage.set(torch.arange(N), make_data(N))
+def counting_storage() -> tuple[LazyTensorStorage, list]:
+    """A filled storage that records every ``get`` call."""
     calls = []
-    original = type(storage).get
 
-    class Counting(type(storage)):
+    class Counting(LazyTensorStorage):
         def get(self, index):
             calls.append(index)
-            return original(self, index)
+            return super().get(index)
 
-    storage.__class__ = Counting
+    storage = Counting(256)
+    storage.set(torch.arange(N), make_data(N))
+    return storage, calls
+
+
+def test_getitems_calls_storage_get_once():
+    storage, calls = counting_storage()
     batch = next(iter(DataLoader(storage.as_dataset(), batch_size=32, collate_fn=tensordict_collate)))
     assert batch.batch_size == (32,)
     assert len(calls) == 1
 
 
 def test_storage_without_adapter_keeps_per_item_reads():
-    storage = make_storage("lazy")
-    storage.set(torch.arange(N), make_data(N))
+    storage, calls = counting_storage()
     assert not hasattr(storage, "__getitems__")
     assert not isinstance(storage, torch.utils.data.Dataset)
-    calls = []
-    original = type(storage).get
-
-    class Counting(type(storage)):
-        def get(self, index):
-            calls.append(index)
-            return original(self, index)
-
-    storage.__class__ = Counting
     next(iter(DataLoader(storage, batch_size=8, collate_fn=tensordict_collate)))
     assert len(calls) == 8  # one read per item: the adapter is opt-in
 
