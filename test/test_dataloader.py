@@ -520,3 +520,14 @@ def test_collate_outside_the_dataloader_fetcher_never_sends_ring_messages():
     batches = list(DataLoader(rb.as_dataset(num_batches=4), batch_size=None, collate_fn=tensordict_collate,
                               **loader_kwargs(1, "fork")))
     assert all(isinstance(b, TensorDict) and b.batch_size == (4,) for b in batches)
+
+
+def test_batch_ring_carries_every_dtype_nested_keys_and_views():
+    from torchrl.data.replay_buffers import _worker_transport as wt
+
+    td = TensorDict({"b": torch.rand(4, 3) > 0.5, "h": torch.randn(4, 2).bfloat16(),
+                     ("n", "d"): torch.randn(4).double(), "e": torch.zeros(4, 0),
+                     "t": torch.randn(3, 4).t()}, batch_size=[4])  # "t" is a non-contiguous view
+    received = pickle.loads(pickle.dumps(wt.BatchRing.for_batch(td).put(td)))
+    assert set(received.keys(True, True)) == set(td.keys(True, True))
+    assert all(torch.equal(received[k], td[k]) and received[k].dtype == td[k].dtype for k in td.keys(True, True))
