@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 
 import pytest
@@ -528,6 +529,23 @@ def test_batch_ring_carries_every_dtype_nested_keys_and_views():
     td = TensorDict({"b": torch.rand(4, 3) > 0.5, "h": torch.randn(4, 2).bfloat16(),
                      ("n", "d"): torch.randn(4).double(), "e": torch.zeros(4, 0),
                      "t": torch.randn(3, 4).t()}, batch_size=[4])  # "t" is a non-contiguous view
-    received = pickle.loads(pickle.dumps(wt.BatchRing.for_batch(td).put(td)))
+    ring = wt.BatchRing.for_batch(td)
+    received = pickle.loads(pickle.dumps(ring.put(td)))
     assert set(received.keys(True, True)) == set(td.keys(True, True))
     assert all(torch.equal(received[k], td[k]) and received[k].dtype == td[k].dtype for k in td.keys(True, True))
+
+
+def test_a_message_whose_ring_is_gone_raises_instead_of_reading_zeros():
+    from torchrl.data.replay_buffers import _worker_transport as wt
+
+    ring = wt.BatchRing.for_batch(make_data(4))
+    message = pickle.dumps(ring.put(make_data(4)))
+    path = ring.path
+    del ring  # the ring is removed (as when its worker exits) before the message is received
+    import gc
+
+    gc.collect()
+    wt._mapped.pop(path, None)
+    with pytest.raises(RuntimeError, match="worker that sent it has exited"):
+        pickle.loads(message)
+    assert not os.path.exists(path)

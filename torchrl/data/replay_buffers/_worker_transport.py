@@ -136,7 +136,13 @@ def _map(path: str, total: int) -> torch.Tensor:
     with _mapped_lock:
         buffer = _mapped.get(path)
         if buffer is None:
-            buffer = torch.from_file(path, shared=True, size=total, dtype=torch.uint8)
+            try:  # numpy's "r+" never creates the file: a missing ring must not read back as zeros
+                buffer = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="r+", shape=(total,)))
+            except FileNotFoundError:
+                raise RuntimeError(
+                    f"A DataLoader batch arrived after the shared-memory ring it was written to ({path}) was "
+                    f"removed: the worker that sent it has exited."
+                ) from None
             _mapped[path] = buffer
             while len(_mapped) > _MAX_MAPPED:  # rings of workers that are gone
                 _mapped.popitem(last=False)
