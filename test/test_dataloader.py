@@ -549,3 +549,31 @@ def test_a_message_whose_ring_is_gone_raises_instead_of_reading_zeros():
     with pytest.raises(RuntimeError, match="worker that sent it has exited"):
         pickle.loads(message)
     assert not os.path.exists(path)
+
+
+_KILL_WORKERS_SCRIPT = """
+import os, signal, torch
+from tensordict import TensorDict
+from torch.utils.data import DataLoader
+from torchrl.data import LazyTensorStorage, ReplayBuffer, tensordict_collate
+rb = ReplayBuffer(storage=LazyTensorStorage(100), batch_size=8)
+rb.extend(TensorDict(x=torch.arange(100.0), batch_size=[100]))
+it = iter(DataLoader(rb.as_dataset(), batch_size=None, num_workers=2, collate_fn=tensordict_collate,
+                     multiprocessing_context="fork"))
+for _ in range(4):
+    next(it)
+for worker in it._workers:
+    os.kill(worker.pid, signal.SIGKILL)
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_rings_of_killed_workers_are_removed_when_the_main_process_exits():
+    import glob
+    import subprocess
+    import sys
+
+    before = set(glob.glob("/dev/shm/torchrl-batch-ring-*"))
+    subprocess.run([sys.executable, "-c", _KILL_WORKERS_SCRIPT], capture_output=True, timeout=100)
+    assert set(glob.glob("/dev/shm/torchrl-batch-ring-*")) <= before

@@ -10,11 +10,13 @@ process unpickles the message it copies the slot out into ordinary tensors and m
 Correctness does not depend on timing: a slot is reused only after the main process copied it out (a state
 word per slot in the same file), and a batch that does not fit the ring (another structure, non-CPU or
 lazily stacked data, or every slot still in flight) is returned as is and travels the ordinary way. The
-ring file is removed when the worker exits (``multiprocessing``'s exit hooks run in DataLoader workers).
+ring file is removed when the worker exits (``multiprocessing``'s exit hooks run in DataLoader workers) and,
+for a worker that was killed, when the receiving process exits.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import math
 import multiprocessing.util
@@ -130,6 +132,13 @@ def _unlink(path: str) -> None:
 
 _mapped: collections.OrderedDict[str, torch.Tensor] = collections.OrderedDict()
 _mapped_lock = threading.Lock()
+_seen_paths: set[str] = set()
+
+
+def _unlink_seen_rings() -> None:
+    """At the receiving process's exit: removes the rings of workers that did not (killed workers)."""
+    for path in _seen_paths:
+        _unlink(path)
 
 
 def _map(path: str, total: int) -> torch.Tensor:
@@ -144,6 +153,9 @@ def _map(path: str, total: int) -> torch.Tensor:
                     f"removed: the worker that sent it has exited."
                 ) from None
             _mapped[path] = buffer
+            if not _seen_paths:
+                atexit.register(_unlink_seen_rings)
+            _seen_paths.add(path)
             while len(_mapped) > _MAX_MAPPED:  # rings of workers that are gone
                 _mapped.popitem(last=False)
         else:
