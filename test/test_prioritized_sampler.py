@@ -80,6 +80,27 @@ def test_zero_priority_items_and_items_past_the_storage_length_are_never_sampled
     assert torch.isfinite(info["priority_weight"]).all()
 
 
+def test_priorities_past_the_storage_length_stay_unsampled_after_growth_and_reload():
+    # Sampling skips range queries while no priority lies past len(storage); a priority set there (directly
+    # or by a loaded state) must switch back to them, also for the weights' minimum.
+    capacity = 32
+    storage, sampler = _storage(8, max_size=capacity), _sampler(capacity, alpha=1.0, eps=0.0)
+    sampler.extend(torch.arange(8))
+    index, _ = sampler.sample(storage, 2000)
+    assert index.max() < 8
+    sampler.update_priority(torch.tensor([20]), 1e6)
+    sampler.update_priority(torch.tensor([21]), 1e-6)  # smaller than any stored priority
+    index, info = sampler.sample(storage, 2000)
+    assert index.max() < 8 and (info["priority_weight"] == 1).all()
+    clone = _sampler(capacity, alpha=1.0, eps=0.0)
+    clone.load_state_dict(sampler.state_dict())
+    index, info = clone.sample(storage, 2000)
+    assert index.max() < 8 and (info["priority_weight"] == 1).all()
+    storage.set(torch.arange(8, 24), torch.arange(8, 24).float())  # now position 20 is stored: it dominates
+    index, _ = clone.sample(storage, 2000)
+    assert (index == 20).float().mean() > 0.99
+
+
 @pytest.mark.parametrize("beta", [0.0, 0.4, 1.0, 3.0])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_weights_are_normalized_importance_weights(beta, dtype):

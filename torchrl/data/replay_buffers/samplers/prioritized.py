@@ -191,6 +191,9 @@ class PrioritizedSampler(Sampler):
         self._priority = np.full(self._max_capacity, np.nan)  # raw priorities; NaN = never set
         self._max_priority: float | None = None
         self._max_priority_index = -1
+        # One past the highest position ever given a priority: while it is <= len(storage), the whole-tree
+        # total and minimum are those of the stored items (no range query needed when sampling).
+        self._written_end = 0
 
     # -- configuration --------------------------------------------------------------------------------------
     @property
@@ -267,7 +270,11 @@ class PrioritizedSampler(Sampler):
             )
         self._remember_shape(storage)
         sum_tree = self._sum_tree
-        total = sum_tree.query(0, n)
+        if self._written_end <= n:  # no priority past the stored items: whole-tree reductions suffice
+            prefix = sum_tree._flat_prefix()
+            total = float(prefix[-1])
+        else:  # priorities were set past len(storage) (update_priority accepts any position < max_capacity)
+            prefix, total = None, sum_tree.query(0, n)
         if not total > 0:
             raise RuntimeError(
                 f"Every one of the {n} stored items has priority zero (or none was set): tell the sampler "
@@ -280,14 +287,14 @@ class PrioritizedSampler(Sampler):
         else:
             u = torch.rand(batch_size, generator=rng, dtype=torch.float64, device=rng.device).cpu().numpy()
         v = (1.0 - u) * total  # in (0, total]: a leaf holding zero is never the first to reach v
-        index = sum_tree._scan(v)
+        index = sum_tree._scan(v) if prefix is None else sum_tree._scan(v, prefix)
         leaves = sum_tree._leaves
         q = leaves[index]
         if not (index.max() < n and q.min() > 0):  # partial sums rounded past the last positive leaf
             stray = (index >= n) | (q <= 0)
             index[stray] = sum_tree._last_positive_at_or_before(index[stray], n)
             q = leaves[index]
-        q_min = self._min_tree.query(0, n)
+        q_min = self._min_tree._flat_total() if prefix is not None else self._min_tree.query(0, n)
         weight = np.power(q / q_min, -self._beta)
         numpy_dtype = _NUMPY_DTYPES.get(self._dtype)
         if numpy_dtype is not None:
@@ -314,22 +321,23 @@ class PrioritizedSampler(Sampler):
         """
         flat = self._flat_index(index, storage)
         values = self._priority_values(priority, flat.size)
-        keep = self._kept_positions(flat)
+        keep, end = self._kept_positions(flat)
         if keep is not None:
             flat, values = flat[keep], values[keep]
         if not flat.size:
             return
-        if not (values.min() >= 0 and values.max() < np.inf):
+        top = values.max()
+        if not (values.min() >= 0 and top < np.inf):  # NaN fails both tests
             bad = values[~((values >= 0) & (values < np.inf))][:3]
             raise ValueError(f"`priority` must be finite and >= 0, got {bad.tolist()}.")
         flat, values = _last_wins(flat, values)
-        self._write(flat, values)
-        self._track_max(flat, values)
+        self._write(flat, values, end)
+        self._track_max(flat, values, float(top))
 
     def mark_update(self, index, *, storage=None) -> None:
         """Gives the written items at ``index`` the :attr:`default_priority` (``-1`` entries skipped)."""
         flat = self._flat_index(index, storage)
-        keep = self._kept_positions(flat)
+        keep, end = self._kept_positions(flat)
         if keep is not None:
             flat = flat[keep]
         if not flat.size:
@@ -337,7 +345,7 @@ class PrioritizedSampler(Sampler):
         if self._max_priority_within_buffer and self._max_priority_index >= 0:
             if (flat == self._max_priority_index).any():  # the item holding the max is overwritten
                 self._recompute_max(exclude=flat)
-        self._write(flat, np.full(flat.size, self.default_priority))
+        self._write(flat, np.full(flat.size, self.default_priority), end)
         if self._max_priority is None:
             self._max_priority, self._max_priority_index = self.default_priority, int(flat[0])
 
@@ -410,6 +418,7 @@ class PrioritizedSampler(Sampler):
         self._sum_tree, self._min_tree = sum_tree, min_tree
         self._max_priority = max_priority
         self._max_priority_index = int(max_index)
+        self._written_end = self._end_of_written()
 
     def _empty(self) -> None:
         self._init_state()
@@ -421,18 +430,19 @@ class PrioritizedSampler(Sampler):
         )
 
     # -- internals ------------------------------------------------------------------------------------------
-    def _write(self, flat: np.ndarray, raw: np.ndarray) -> None:
-        """Stores raw priorities at unique in-range positions and their transforms in both trees."""
+    def _write(self, flat: np.ndarray, raw: np.ndarray, end: int) -> None:
+        """Stores raw priorities at unique in-range positions (all ``< end``) and their transforms."""
+        if end > self._written_end:
+            self._written_end = end
         self._priority[flat] = raw
         q = np.power(raw + self._eps, self._alpha)
         self._sum_tree._update_unique(flat, q)
         self._min_tree._update_unique(flat, np.where(q > 0, q, np.inf))
 
-    def _track_max(self, flat: np.ndarray, values: np.ndarray) -> None:
-        k = int(values.argmax())
-        top = float(values[k])
+    def _track_max(self, flat: np.ndarray, values: np.ndarray, top: float) -> None:
+        """Updates the max priority after ``values`` (largest: ``top``) were written at ``flat``."""
         if self._max_priority is None or top >= self._max_priority:
-            self._max_priority, self._max_priority_index = top, int(flat[k])
+            self._max_priority, self._max_priority_index = top, int(flat[int(values.argmax())])
         elif self._max_priority_within_buffer and (flat == self._max_priority_index).any():
             self._recompute_max()
 
@@ -458,10 +468,17 @@ class PrioritizedSampler(Sampler):
         self._min_tree._leaves[: self._max_capacity] = np.where(q > 0, q, np.inf)
         self._min_tree._rebuild()
 
-    def _kept_positions(self, flat: np.ndarray) -> np.ndarray | None:
-        """Checks the positions; returns the mask of the entries other than ``-1`` (``None``: all)."""
+    def _end_of_written(self) -> int:
+        """One past the highest position holding a priority (``0`` if none)."""
+        held = np.flatnonzero((self._sum_tree._leaves != 0) | (self._min_tree._leaves != np.inf))
+        held = held[held < self._max_capacity]
+        return int(held[-1]) + 1 if held.size else 0
+
+    def _kept_positions(self, flat: np.ndarray) -> tuple[np.ndarray | None, int]:
+        """Checks the positions; returns the mask of the entries other than ``-1`` (``None``: all) and one
+        past the largest kept position."""
         if not flat.size:
-            return None
+            return None, 0
         keep = None
         lo, hi = flat.min(), flat.max()
         if lo == -1:
@@ -474,7 +491,7 @@ class PrioritizedSampler(Sampler):
                 f"`index` {bad} is out of range for a PrioritizedSampler of max_capacity "
                 f"{self._max_capacity}: pass positions in [0, {self._max_capacity}) (or -1 to skip an entry)."
             )
-        return keep
+        return keep, int(hi) + 1
 
     def _remember_shape(self, storage) -> None:
         if storage is not None and storage.ndim > 1:
@@ -487,9 +504,8 @@ class PrioritizedSampler(Sampler):
         """Flat int64 positions (``-1`` kept for skipped entries) from any accepted index form."""
         if storage is not None:
             self._remember_shape(storage)
-        if isinstance(index, torch.Tensor) and index.ndim == 1 and index.dtype == torch.long:
-            if index.device.type == "cpu":
-                return index.numpy()  # the common case, read-only from here on
+        if isinstance(index, torch.Tensor) and index.ndim == 1 and index.dtype == torch.long and index.is_cpu:
+            return index.numpy()  # the common case, read-only from here on
         if isinstance(index, tuple) and len(index) == 1 and not isinstance(index[0], (int, np.integer)):
             index = index[0]  # a per-dimension index of a 1-D storage
         ndim = storage.ndim if storage is not None else len(self._storage_shape or (None,))
@@ -534,7 +550,9 @@ class PrioritizedSampler(Sampler):
 
     def _priority_values(self, priority, count: int) -> np.ndarray:
         if isinstance(priority, torch.Tensor) and priority.ndim == 1 and priority.numel() == count:
-            return priority.detach().to("cpu", torch.float64).numpy()  # the common case, read-only
+            if priority.is_cpu and priority.dtype in (torch.float32, torch.float64):  # the common case
+                return priority.detach().numpy().astype(np.float64, copy=False)  # read-only from here on
+            return priority.detach().to("cpu", torch.float64).numpy()
         if isinstance(priority, torch.Tensor) and priority.ndim > 1 and priority.numel() != count:
             if priority.shape[0] != count:
                 raise ValueError(

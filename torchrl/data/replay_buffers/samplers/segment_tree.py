@@ -267,6 +267,11 @@ class _SegmentTree:
             children = pairs[node]
             tree[node] = ufunc(children.real, children.imag)
 
+    def _flat_total(self) -> float:
+        """The reduction of every leaf (unwritten ones hold the identity): one pass over the flat level."""
+        lo = 1 << self._flat_level
+        return float(self._ufunc.reduce(self._tree[lo : 2 * lo]))
+
     def _rebuild(self) -> None:
         """Recomputes every kept level from the leaves."""
         tree, pairs, ufunc = self._tree, self._pairs, self._ufunc
@@ -344,13 +349,23 @@ class SumSegmentTree(_SegmentTree):
                 f"searched), got {bad.tolist()}."
             )
 
-    def _scan(self, v: np.ndarray) -> np.ndarray:
-        """Raw batched descent: leaf positions in ``[0, size)`` (no handling of rounding or ``v > total``)."""
-        level = self._flat_level
-        lo = 1 << level
-        prefix = np.empty(lo + 1)  # prefix[j] = sum of the first j slots of the flat level
+    def _flat_prefix(self) -> np.ndarray:
+        """``prefix[j]`` = the sum of the first ``j`` slots of the flat level; ``prefix[-1]`` is the total."""
+        lo = 1 << self._flat_level
+        prefix = np.empty(lo + 1)
         prefix[0] = 0.0
         np.cumsum(self._tree[lo : 2 * lo], out=prefix[1:])
+        return prefix
+
+    def _scan(self, v: np.ndarray, prefix: np.ndarray | None = None) -> np.ndarray:
+        """Raw batched descent: leaf positions in ``[0, size)`` (no handling of rounding or ``v > total``).
+
+        ``prefix`` is :meth:`_flat_prefix` when the caller already computed it (for the total).
+        """
+        level = self._flat_level
+        lo = 1 << level
+        if prefix is None:
+            prefix = self._flat_prefix()
         node = np.searchsorted(prefix[1:], v, side="left")
         np.minimum(node, lo - 1, out=node)
         rest = v - prefix[node]
