@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import inspect
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -9,12 +13,14 @@ from _helpers import STORAGES, make_storage
 
 from torchrl.data import (
     LazyTensorStorage,
+    PrioritizedSampler,
     RandomSampler,
     ReplayBuffer,
     Sampler,
+    SamplerEnsemble,
     SamplerWithoutReplacement,
 )
-from torchrl.data.replay_buffers.samplers.base import check_batch_size
+from torchrl.data.replay_buffers.samplers.base import _REPLACEMENT_DISPATCH, check_batch_size
 
 storages = pytest.mark.parametrize("storage", STORAGES)
 
@@ -224,3 +230,134 @@ def test_buffers_with_equal_generators_sample_equally(sampler):
 
     assert run(1) == run(1)
     assert run(1) != run(2)
+
+
+# -- the `replacement` keyword -------------------------------------------------------------------------------
+
+
+class _RandomSubclass(RandomSampler):
+    """A third-party subclass: not in the dispatch table, so replacement=False cannot be honoured for it."""
+
+
+class _OwnReplacement(Sampler):
+    """A third-party sampler whose constructor takes its own `replacement` argument."""
+
+    def __init__(self, replacement: bool = True):
+        self.replacement = replacement
+
+    def sample(self, storage, batch_size):
+        return torch.zeros(batch_size, dtype=torch.long), {}
+
+
+def test_dispatch_table_maps_random_sampler_to_sampler_without_replacement():
+    assert _REPLACEMENT_DISPATCH[RandomSampler] is SamplerWithoutReplacement
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"drop_last": True}, {"shuffle": False}, {"drop_last": True, "shuffle": False}]
+)
+def test_random_sampler_replacement_false_builds_sampler_without_replacement(kwargs):
+    sampler = RandomSampler(replacement=False, **kwargs)
+    assert type(sampler) is SamplerWithoutReplacement
+    assert sampler.drop_last is kwargs.get("drop_last", False)
+    assert sampler.shuffle is kwargs.get("shuffle", True)
+    seen = [i for batch in _epoch(sampler, _storage(7), 2) for i in batch]
+    assert sorted(seen) == list(range(7 - 7 % 2 if sampler.drop_last else 7))
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda **kw: RandomSampler(**kw),
+        lambda **kw: _RandomSubclass(**kw),
+        lambda **kw: PrioritizedSampler(10, 1.0, 1.0, **kw),
+        lambda **kw: SamplerEnsemble(RandomSampler(), RandomSampler(), **kw),
+    ],
+    ids=["random", "subclass", "prioritized", "ensemble"],
+)
+def test_replacement_true_is_a_no_op_on_samplers_with_replacement(build):
+    plain, flagged = build(), build(replacement=True)
+    assert type(flagged) is type(plain) and repr(flagged) == repr(plain)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"drop_last": True, "shuffle": False}])
+def test_replacement_false_is_a_no_op_on_samplers_without_replacement(kwargs):
+    sampler = SamplerWithoutReplacement(replacement=False, **kwargs)
+    assert type(sampler) is SamplerWithoutReplacement
+    assert repr(sampler) == repr(SamplerWithoutReplacement(**kwargs))
+
+
+@pytest.mark.parametrize(
+    "build, replacement, match",
+    [
+        (
+            SamplerWithoutReplacement,
+            True,
+            r"SamplerWithoutReplacement samples without replacement.*Use RandomSampler",
+        ),
+        (_RandomSubclass, False, r"_RandomSubclass has no variant.*Use a sampler without replacement"),
+        (
+            lambda **kw: PrioritizedSampler(10, 1.0, 1.0, **kw),
+            False,
+            r"PrioritizedSampler has no variant.*SamplerWithoutReplacement",
+        ),
+        (lambda **kw: SamplerEnsemble(RandomSampler(), **kw), False, "SamplerEnsemble has no variant"),
+    ],
+    ids=["contradiction", "subclass", "prioritized", "ensemble"],
+)
+def test_replacement_that_cannot_be_honoured_says_which_class_to_use(build, replacement, match):
+    with pytest.raises(TypeError, match=match):
+        build(replacement=replacement)
+
+
+@pytest.mark.parametrize("cls", [RandomSampler, SamplerWithoutReplacement])
+@pytest.mark.parametrize("value", ["no", 0, None, 1.0])
+def test_replacement_must_be_a_bool(cls, value):
+    with pytest.raises(TypeError, match=r"`replacement` must be a bool, got"):
+        cls(replacement=value)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, match",
+    [
+        ((), {"batch": 3}, r"SamplerWithoutReplacement, which does not take `batch` \(got batch=3\)"),
+        ((True, True, True), {}, r"SamplerWithoutReplacement\(drop_last.*too many positional"),
+    ],
+)
+def test_arguments_the_sampler_without_replacement_does_not_take_are_named(args, kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        RandomSampler(*args, replacement=False, **kwargs)
+
+
+def test_positional_arguments_are_forwarded():
+    sampler = RandomSampler(True, False, replacement=False)
+    assert (sampler.drop_last, sampler.shuffle) == (True, False)
+
+
+def test_a_constructor_with_its_own_replacement_argument_receives_it():
+    assert _OwnReplacement(replacement=False).replacement is False
+    assert type(_OwnReplacement(replacement=True)) is _OwnReplacement
+
+
+def test_signature_shows_the_constructor_arguments_not_the_dispatch():
+    assert list(inspect.signature(SamplerWithoutReplacement).parameters) == ["drop_last", "shuffle"]
+    assert list(inspect.signature(RandomSampler).parameters) == []
+    assert list(inspect.signature(PrioritizedSampler).parameters)[:3] == ["max_capacity", "alpha", "beta"]
+
+
+@pytest.mark.parametrize(
+    "round_trip",
+    [lambda obj: pickle.loads(pickle.dumps(obj)), copy.deepcopy],
+    ids=["pickle", "deepcopy"],
+)
+def test_samplers_built_with_replacement_pickle_and_copy_mid_epoch(round_trip):
+    s = _storage(9)
+    sampler = RandomSampler(replacement=False, drop_last=True)
+    sampler._rng = torch.Generator().manual_seed(4)
+    sampler.sample(s, 2)
+    clone = round_trip(sampler)
+    assert type(clone) is SamplerWithoutReplacement and clone.drop_last is True
+    clone._rng = sampler._rng = None  # a buffer re-installs its generator; compare the epoch position only
+    assert _epoch(clone, s, 2) == _epoch(sampler, s, 2)
+    for plain in (RandomSampler(replacement=True), SamplerWithoutReplacement(replacement=False)):
+        assert repr(round_trip(plain)) == repr(plain)

@@ -19,7 +19,7 @@ finding boundaries in a 1M-row storage costs a few milliseconds and no Python lo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,10 +91,10 @@ def has_key(storage, key) -> bool:
         if not items:
             return False
         try:
-            _get_nested(items[0], key)
+            value = _get_nested(items[0], key)
         except (KeyError, TypeError, IndexError, AttributeError):
             return False
-        return True
+        return value is not None  # TensorDict.get returns None for a missing key
     data = storage.get(slice(None))
     return isinstance(data, TensorDictBase) and data.get(key, None) is not None
 
@@ -105,9 +105,10 @@ def read_column(storage, key, n_rows: int) -> torch.Tensor:
     Tensor storages return a view of the backing (no copy); a :class:`ListStorage` stacks the items' values.
     """
     if isinstance(storage, TensorStorage):
-        return storage._storage.get(key)[:n_rows]
+        return _check_column(storage._storage.get(key), key)[:n_rows]
     if isinstance(storage, ListStorage):
-        return torch.stack([torch.as_tensor(_get_nested(item, key)) for item in storage._storage[:n_rows]])
+        values = [_check_column(_get_nested(item, key), key) for item in storage._storage[:n_rows]]
+        return torch.stack([torch.as_tensor(value) for value in values])
     data = storage.get(slice(None))
     if not isinstance(data, TensorDictBase):
         raise RuntimeError(
@@ -115,7 +116,18 @@ def read_column(storage, key, n_rows: int) -> torch.Tensor:
             f"{type(data).__name__}: store TensorDicts, or pass `ends=`/`trajectories=` (with "
             f"cache_values=True)."
         )
-    return data.get(key)[:n_rows]
+    return _check_column(data.get(key), key)[:n_rows]
+
+
+def _check_column(value, key):
+    """``value`` unless it is a group of entries (a sub-TensorDict), which holds no per-step values."""
+    if isinstance(value, (TensorDictBase, Mapping)) or is_tensorclass(value):
+        raise ValueError(
+            f"The entry {key!r} is a group of entries ({type(value).__name__}), not one value per step: name "
+            f"a tensor inside it, e.g. {(key if isinstance(key, tuple) else (key,)) + ('done',)!r}. A nested "
+            f"key is one tuple: pass several end keys as a list, end_keys=[('next', 'done'), ...]."
+        )
+    return value
 
 
 def as_step_values(column: torch.Tensor, n_rows: int, n_cols: int, *, name: str, reduce_any: bool):

@@ -11,11 +11,15 @@ batch. The buffer tells the sampler about writes (``extend``/``add``/``mark_upda
 change what is sampled: True for samplers holding an epoch permutation or priorities, False for samplers
 whose draws depend only on the storage content and their configuration. It defaults to True, so a sampler
 that does not declare it is treated as stateful.
+
+Every sampler constructor also takes a ``replacement`` keyword (see :class:`Sampler`), resolved by the
+metaclass :class:`_SamplerMeta` with the table :data:`_REPLACEMENT_DISPATCH` before ``__init__`` runs.
 """
 
 from __future__ import annotations
 
 import abc
+import inspect
 from typing import Any
 
 import torch
@@ -24,9 +28,133 @@ from torchrl.data.replay_buffers._component import Component
 
 _INT64_MAX = torch.iinfo(torch.int64).max
 
+#: Sampler class with replacement -> the class that samples the same way without replacement. Filled next to
+#: the classes (``random.py``, ``slice_without_replacement.py``) with :func:`register_without_replacement`.
+#: The values, and their subclasses, are the classes that sample without replacement.
+_REPLACEMENT_DISPATCH: dict[type, type] = {}
 
-class Sampler(Component, abc.ABC):
-    """Base class of replay-buffer samplers (see the module docstring for the contract)."""
+
+def register_without_replacement(with_replacement: type, without_replacement: type) -> None:
+    """Declares ``without_replacement`` as what ``with_replacement(..., replacement=False)`` builds."""
+    _REPLACEMENT_DISPATCH[with_replacement] = without_replacement
+
+
+def _without_replacement_counterpart(cls: type) -> type | None:
+    """The registered class with replacement whose counterpart ``cls`` is (or derives from), if any."""
+    inverse = {without: with_ for with_, without in _REPLACEMENT_DISPATCH.items()}
+    return next((inverse[base] for base in cls.__mro__ if base in inverse), None)
+
+
+def _init_signature(cls: type) -> inspect.Signature:
+    """The signature of ``cls.__init__`` without ``self`` (empty for classes without an ``__init__``)."""
+    init = cls.__init__
+    if init is object.__init__:
+        return inspect.Signature()
+    params = list(inspect.signature(init).parameters.values())
+    return inspect.Signature(params[1:])
+
+
+class _SamplerMeta(abc.ABCMeta):
+    """Metaclass of samplers: resolves the ``replacement`` keyword of every sampler constructor.
+
+    ``cls(*args, replacement=..., **kwargs)`` becomes:
+
+    - ``replacement=False`` on a class listed in :data:`_REPLACEMENT_DISPATCH`: its counterpart without
+      replacement, built with ``*args, **kwargs`` (arguments the counterpart does not take: TypeError);
+    - ``replacement=False`` on a class that samples without replacement, or ``replacement=True`` on one that
+      samples with replacement: ``cls(*args, **kwargs)``;
+    - otherwise a TypeError that says which class to use.
+
+    A class whose ``__init__`` declares its own ``replacement`` parameter receives it unchanged. Only
+    construction goes through here: ``pickle`` and ``copy`` rebuild instances without calling the class.
+    """
+
+    def __call__(cls, *args, **kwargs):
+        if "replacement" not in kwargs or "replacement" in _init_signature(cls).parameters:
+            return super().__call__(*args, **kwargs)
+        target = _replacement_target(cls, kwargs.pop("replacement"))
+        if target is cls:
+            return super().__call__(*args, **kwargs)
+        _check_forwarded(cls, target, args, kwargs)
+        return target(*args, **kwargs)
+
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        # inspect.signature (and Sphinx) would otherwise show this metaclass's ``__call__(*args, **kwargs)``.
+        return _init_signature(cls)
+
+
+def _replacement_target(cls: type, replacement) -> type:
+    """The class that ``cls(..., replacement=replacement)`` builds (see :class:`_SamplerMeta`)."""
+    if not isinstance(replacement, bool):
+        raise TypeError(
+            f"`replacement` must be a bool, got {replacement!r} ({type(replacement).__name__}). Pass "
+            f"replacement=False to sample without replacement, or leave it out."
+        )
+    counterpart = _without_replacement_counterpart(cls)
+    if counterpart is not None:  # cls samples without replacement
+        if replacement:
+            raise TypeError(
+                f"{cls.__name__} samples without replacement, which `replacement`=True contradicts. Use "
+                f"{counterpart.__name__} to sample with replacement, or leave `replacement` out."
+            )
+        return cls
+    if replacement:
+        return cls
+    target = _REPLACEMENT_DISPATCH.get(cls)
+    if target is None:
+        choices = " or ".join(sorted(without.__name__ for without in _REPLACEMENT_DISPATCH.values()))
+        raise TypeError(
+            f"{cls.__name__} has no variant that samples without replacement, so `replacement`=False cannot "
+            f"be honoured. Use a sampler without replacement ({choices}), or leave `replacement` out."
+        )
+    return target
+
+
+def _check_forwarded(cls: type, target: type, args: tuple, kwargs: dict) -> None:
+    """Raises a TypeError naming the arguments of ``cls(...)`` that ``target`` does not take."""
+    signature = _init_signature(target)
+    params = signature.parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    unknown = [] if takes_any else [name for name in kwargs if name not in params]
+    if unknown:
+        got = ", ".join(f"{name}={kwargs[name]!r}" for name in unknown)
+        raise TypeError(
+            f"{cls.__name__}(..., replacement=False) builds a {target.__name__}, which does not take "
+            f"{', '.join(f'`{name}`' for name in unknown)} (got {got}). Leave these arguments out, or sample "
+            f"with replacement ({cls.__name__} without `replacement`)."
+        )
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as err:
+        raise TypeError(
+            f"{cls.__name__}(..., replacement=False) builds a {target.__name__}{signature}, which cannot "
+            f"take these arguments: {err}. Pass the arguments of {target.__name__}."
+        ) from None
+
+
+class Sampler(Component, metaclass=_SamplerMeta):
+    """Base class of replay-buffer samplers (see the module docstring for the contract).
+
+    Every sampler constructor takes a ``replacement`` keyword, so that code choosing the sampling mode with a
+    flag runs unchanged: ``RandomSampler(replacement=False)`` returns a :class:`SamplerWithoutReplacement`
+    and ``SliceSampler(..., replacement=False)`` a :class:`SliceSamplerWithoutReplacement` (the other
+    arguments are forwarded; those the class without replacement does not take raise a TypeError).
+    ``replacement=True`` on a class that samples with replacement, and ``replacement=False`` on one that
+    samples without, change nothing; ``replacement=False`` on another class (e.g. a prioritized one) and
+    ``replacement=True`` on a class without replacement raise a TypeError. The mapping is
+    ``torchrl.data.replay_buffers.samplers.base._REPLACEMENT_DISPATCH``. Note that the object returned is
+    then not an instance of the class called.
+
+    Examples:
+        >>> from torchrl.data import RandomSampler, SliceSampler
+        >>> RandomSampler(replacement=False, drop_last=True)
+        SamplerWithoutReplacement(drop_last=True, shuffle=True)
+        >>> type(SliceSampler(slice_len=4, traj_key="episode", replacement=False)).__name__
+        'SliceSamplerWithoutReplacement'
+        >>> RandomSampler(replacement=True)
+        RandomSampler()
+    """
 
     requires_shared_state: bool = True
     _rng: torch.Generator | None = None

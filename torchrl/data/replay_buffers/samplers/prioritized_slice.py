@@ -33,8 +33,11 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         max_capacity, alpha, beta, eps, dtype, reduction: as in :class:`PrioritizedSampler`.
 
     Keyword Args:
-        num_slices, slice_len, end_key, traj_key, ends, trajectories, cache_values, truncated_key,
-            strict_length: as in :class:`SliceSampler`.
+        num_slices, slice_len, end_key, end_keys, traj_key, ends, trajectories, cache_values,
+            truncated_key, strict_length: as in :class:`SliceSampler` (``info`` holds the same entries,
+            ``"is_init"`` included).
+        compile (bool or dict): accepted for compatibility with TorchRL, without effect, as in
+            :class:`SliceSampler`. Defaults to ``False``.
         span (bool, int or (left, right)): as in :class:`SliceSampler`, but only the right side is used: a
             start is a stored step with a priority, so slices cannot start before a trajectory (a left span
             is ignored with a warning). Defaults to ``False``.
@@ -75,12 +78,14 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         num_slices: int | None = None,
         slice_len: int | None = None,
         end_key: NestedKey | None = None,
+        end_keys: list[NestedKey] | None = None,
         traj_key: NestedKey | None = None,
         ends: torch.Tensor | None = None,
         trajectories: torch.Tensor | None = None,
         cache_values: bool = False,
         truncated_key: NestedKey | None = ("next", "truncated"),
         strict_length: bool = True,
+        compile: bool | dict = False,
         span: bool | int | tuple = False,
         max_priority_within_buffer: bool = False,
     ):
@@ -99,12 +104,14 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
             num_slices=num_slices,
             slice_len=slice_len,
             end_key=end_key,
+            end_keys=end_keys,
             traj_key=traj_key,
             ends=ends,
             trajectories=trajectories,
             cache_values=cache_values,
             truncated_key=truncated_key,
             strict_length=strict_length,
+            compile=compile,
             span=span,
         )
         if self.span[0] is not False and self.span[0] != 0:

@@ -6,7 +6,12 @@ from typing import Any
 
 import torch
 
-from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, unravel
+from torchrl.data.replay_buffers.samplers.base import (
+    Sampler,
+    check_batch_size,
+    register_without_replacement,
+    unravel,
+)
 
 
 def _check_not_empty(storage) -> int:
@@ -20,7 +25,8 @@ class RandomSampler(Sampler):
     """Draws indices uniformly at random, with replacement.
 
     Stateless: its draws depend only on the storage length and the generator, so DataLoader workers can
-    each hold a copy (``requires_shared_state = False``).
+    each hold a copy (``requires_shared_state = False``). ``RandomSampler(replacement=False, **kwargs)``
+    returns ``SamplerWithoutReplacement(**kwargs)`` (see :class:`Sampler`).
 
     Examples:
         >>> import torch
@@ -141,3 +147,6 @@ class SamplerWithoutReplacement(Sampler):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(drop_last={self.drop_last}, shuffle={self.shuffle})"
+
+
+register_without_replacement(RandomSampler, SamplerWithoutReplacement)

@@ -15,6 +15,14 @@ from typing import Any
 import torch
 from tensordict import NestedKey
 
+from torchrl.data.replay_buffers.samplers._slice_args import (
+    check_compile,
+    check_positive_int,
+    check_static,
+    check_use_gpu,
+    normalize_end_keys,
+    normalize_span,
+)
 from torchrl.data.replay_buffers.samplers._trajectories import (
     TrajectoryIndex,
     as_step_values,
@@ -30,6 +38,7 @@ from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size
 _DONE_KEY = ("next", "done")
 _TERMINATED_KEY = ("next", "terminated")
 _MASK_KEY = ("collector", "mask")
+_IS_INIT_KEY = "is_init"
 _PROBED_TRAJ_KEYS = (("collector", "traj_ids"), "episode")
 _BELOW_ONE = 1.0 - 2.0**-52  # floor(u * n * _BELOW_ONE) < n for every float64 u in [0, 1)
 
@@ -59,44 +68,9 @@ class _Boundaries:
     index: TrajectoryIndex
     done: torch.Tensor | None  # [cells, 1] stored done flags (row-major cells), or None
     terminated: torch.Tensor | None
+    is_init: torch.Tensor | None  # [cells, 1] stored "is_init" flags, or None when not stored
     eligible: dict[int, _Eligible] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)  # what subclasses derive from the boundaries
-
-
-def _check_positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
-    return value
-
-
-def _normalize_span(span) -> tuple[bool | int, bool | int]:
-    def side(value):
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, int) and value >= 0:
-            return value
-        raise TypeError(
-            f"`span` must be a bool, a non-negative int or a (left, right) pair of them, got {span!r}."
-        )
-
-    if isinstance(span, (tuple, list)):
-        if len(span) != 2:
-            raise TypeError(f"`span` as a sequence must be a (left, right) pair, got {span!r}.")
-        return side(span[0]), side(span[1])
-    return side(span), side(span)
-
-
-def _check_static(values, name: str) -> torch.Tensor:
-    if not isinstance(values, torch.Tensor):
-        raise TypeError(
-            f"`{name}` must be a torch.Tensor with one value per stored step, got {type(values).__name__}."
-        )
-    if values.ndim not in (1, 2):
-        raise ValueError(
-            f"`{name}` must be 1-D ([steps]) or 2-D ([time, envs] for ndim=2 storages), got shape "
-            f"{list(values.shape)}."
-        )
-    return values
 
 
 class SliceSampler(Sampler):
@@ -115,11 +89,17 @@ class SliceSampler(Sampler):
         num_slices (int, optional): slices per batch; the slice length is ``batch_size // num_slices``.
             Exactly one of ``num_slices``/``slice_len`` must be given.
         slice_len (int, optional): steps per slice; a batch holds ``batch_size // slice_len`` slices.
-        end_key (NestedKey, optional): the done flags that end trajectories. With neither ``end_key`` nor
+        end_key (NestedKey, optional): the done flags that end trajectories. With neither end keys nor
             ``traj_key``, the sampler uses ``("collector", "traj_ids")`` if stored, else ``"episode"``, else
             ``("next", "done")``. Defaults to ``None``.
+        end_keys (list of NestedKey, optional): several done flags, OR-ed together (e.g.
+            ``[("next", "terminated"), ("next", "truncated")]``); the keys the storage does not hold are
+            skipped. Excludes ``end_key``. Defaults to ``None``.
         traj_key (NestedKey, optional): an entry holding a trajectory id per step; a trajectory is a run of
-            consecutive steps with the same id. Takes precedence over ``end_key`` when both are stored.
+            consecutive steps with the same id. Takes precedence over the end keys when both are stored.
+            A missing key falls back to the other kind: a ``traj_key`` that is not stored to the end keys
+            (``("next", "done")`` if none is given), end keys none of which is stored to trajectory ids
+            (``traj_key``, or the probed ``("collector", "traj_ids")`` and ``"episode"``).
             Defaults to ``None``.
         ends (Tensor, optional): static done flags, one per stored step in storage order, for data that is
             not written any more. Needs ``cache_values=True``; excludes the key arguments.
@@ -136,6 +116,11 @@ class SliceSampler(Sampler):
         pad_output (bool): with ``strict_length=False``, pad short slices to ``slice_len`` by repeating their
             last step, and return the mask ``("collector", "mask")`` (``True`` on real steps). Defaults to
             ``False``.
+        compile (bool or dict): accepted for compatibility with TorchRL, where it ``torch.compile``-s the
+            search for trajectory boundaries (a dict holds ``torch.compile`` keyword arguments). It has no
+            effect here, and the samples are the same whatever its value: that search is already a single
+            vectorized pass (a few milliseconds for a million steps), with nothing left to compile.
+            Defaults to ``False``.
         span (bool, int or (left, right)): let slices start up to ``left`` steps before the first step of a
             trajectory and end up to ``right`` steps after its last step (``True`` means ``slice_len - 1``
             steps; an int is capped there), so that the first and last steps are sampled as often as the
@@ -143,12 +128,22 @@ class SliceSampler(Sampler):
             when ``pad_output=True``); with ``strict_length=False`` and ``pad_output=False`` they are dropped.
             With a span, a trajectory is long enough if ``length + left + right >= slice_len``.
             Defaults to ``False``.
+        use_gpu (bool or torch.device): accepted for compatibility with TorchRL, where it moves the search
+            for trajectory boundaries to an accelerator. It has no effect here (same samples whatever its
+            value): the search runs on the device of the storage, vectorized, so a CUDA storage already uses
+            its GPU and a CPU storage does not pay a round trip for it. Defaults to ``False``.
 
     ``sample`` returns ``(index, info)``: ``index`` is a tuple of per-dimension index tensors (one tensor
     for 1-D storages) whose entries ``[i * slice_len, (i + 1) * slice_len)`` are slice ``i``, in time
     order; ``info`` holds ``truncated_key`` (``[B, 1]``, ``True`` on the last step of each slice, and on
     the padding that repeats it), ``("next", "done")`` (stored done or truncated) and
-    ``("next", "terminated")`` (stored, or ``False``).
+    ``("next", "terminated")`` (stored, or ``False``). When the storage holds an ``"is_init"`` entry,
+    ``info["is_init"]`` (``[B, 1]``, bool) is ``True`` on the first step of each slice and where the stored
+    ``"is_init"`` is ``True`` (it is returned even with ``truncated_key=None``).
+
+    ``SliceSampler(..., replacement=False)`` returns a :class:`SliceSamplerWithoutReplacement` built with
+    the other arguments (see :class:`Sampler`); ``cache_values``, ``pad_output`` and ``span`` are then
+    refused with a TypeError, since that class does not take them.
 
     .. note:: With ``cache_values=True`` and a :class:`ListStorage` (which has no write revision), the cache
         is keyed on the storage length and cleared by the buffer's ``extend``/``add`` notifications; write
@@ -180,6 +175,7 @@ class SliceSampler(Sampler):
         num_slices: int | None = None,
         slice_len: int | None = None,
         end_key: NestedKey | None = None,
+        end_keys: list[NestedKey] | None = None,
         traj_key: NestedKey | None = None,
         ends: torch.Tensor | None = None,
         trajectories: torch.Tensor | None = None,
@@ -187,15 +183,17 @@ class SliceSampler(Sampler):
         truncated_key: NestedKey | None = ("next", "truncated"),
         strict_length: bool = True,
         pad_output: bool = False,
+        compile: bool | dict = False,
         span: bool | int | tuple = False,
+        use_gpu: bool | torch.device = False,
     ):
         if (num_slices is None) == (slice_len is None):
             raise TypeError(
                 f"Pass exactly one of `num_slices` and `slice_len`, got num_slices={num_slices!r} and "
                 f"slice_len={slice_len!r}. The other one is derived from the batch size."
             )
-        self.num_slices = None if num_slices is None else _check_positive_int(num_slices, "num_slices")
-        self.slice_len = None if slice_len is None else _check_positive_int(slice_len, "slice_len")
+        self.num_slices = None if num_slices is None else check_positive_int(num_slices, "num_slices")
+        self.slice_len = None if slice_len is None else check_positive_int(slice_len, "slice_len")
         if pad_output and strict_length:
             raise ValueError(
                 "`pad_output`=True pads slices shorter than `slice_len`, which `strict_length`=True never "
@@ -206,26 +204,29 @@ class SliceSampler(Sampler):
         static = ends if ends is not None else trajectories
         if static is not None:
             name = "ends" if ends is not None else "trajectories"
-            if end_key is not None or traj_key is not None:
+            if end_key is not None or end_keys is not None or traj_key is not None:
                 raise ValueError(
-                    f"`{name}` gives the trajectories directly and excludes `end_key`/`traj_key` (got "
-                    f"end_key={end_key!r}, traj_key={traj_key!r}). Pass one or the other."
+                    f"`{name}` gives the trajectories directly and excludes `end_key`/`end_keys`/`traj_key` "
+                    f"(got end_key={end_key!r}, end_keys={end_keys!r}, traj_key={traj_key!r}). Pass one or "
+                    f"the other."
                 )
             if not cache_values:
                 raise ValueError(
                     f"`{name}` describes static data and needs `cache_values`=True (got {cache_values!r}); "
                     f"for data that is still written, pass `end_key` or `traj_key` instead."
                 )
-            self._static = (_check_static(static, name), ends is not None)
+            self._static = (check_static(static, name), ends is not None)
         else:
             self._static = None
-        self.end_key = None if end_key is None else normalize_key(end_key)
+        self.end_key, self.end_keys = normalize_end_keys(end_key, end_keys)
         self.traj_key = None if traj_key is None else normalize_key(traj_key)
         self.cache_values = bool(cache_values)
         self.truncated_key = None if truncated_key is None else normalize_key(truncated_key)
         self.strict_length = bool(strict_length)
         self.pad_output = bool(pad_output)
-        self.span = _normalize_span(span)
+        self.span = normalize_span(span)
+        self.compile = check_compile(compile)  # accepted for TorchRL compatibility; no effect (see docstring)
+        self.use_gpu = check_use_gpu(use_gpu)  # idem
         self._cache: _Boundaries | None = None
         self._templates: dict = {}
 
@@ -270,30 +271,37 @@ class SliceSampler(Sampler):
         self._cache = bounds if self.cache_values else None
         return bounds
 
+    def _source_candidates(self) -> list[tuple[tuple, bool]]:
+        """``(keys, is_done)`` groups to look for in the storage, in order (see ``traj_key``'s docs)."""
+        traj = ((self.traj_key,) if self.traj_key is not None else _PROBED_TRAJ_KEYS), False
+        end_keys = self.end_keys or ((self.end_key,) if self.end_key is not None else None)
+        if end_keys is None:
+            return [traj, ((_DONE_KEY,), True)]
+        if self.traj_key is not None:
+            return [traj, (end_keys, True)]
+        return [(end_keys, True), traj]
+
     def _resolve_source(self, storage) -> tuple[Any, bool]:
-        """``(key or static tensor, is_done)``: where the trajectories come from."""
+        """``(static tensor or stored keys, is_done)``: where the trajectories come from.
+
+        The first group of :meth:`_source_candidates` with a stored key wins: its first stored key for
+        trajectory ids, every stored key (OR-ed) for done flags.
+        """
         if self._static is not None:
             return self._static
-        if self.traj_key is not None and has_key(storage, self.traj_key):
-            return self.traj_key, False
-        if self.end_key is not None and has_key(storage, self.end_key):
-            return self.end_key, True
-        if self.traj_key is None and self.end_key is None:
-            for key in _PROBED_TRAJ_KEYS:
-                if has_key(storage, key):
-                    return key, False
-            if has_key(storage, _DONE_KEY):
-                return _DONE_KEY, True
-            raise RuntimeError(
-                f"{type(self).__name__} found no trajectory information in the storage: it has none of the "
-                f"entries {[*_PROBED_TRAJ_KEYS, _DONE_KEY]}. Pass `traj_key` (a per-step trajectory id) or "
-                f"`end_key` (per-step done flags) naming a stored entry, or `ends`/`trajectories` tensors "
-                f"(with cache_values=True)."
-            )
-        given = [f"{name}={key!r}" for name, key in (("traj_key", self.traj_key), ("end_key", self.end_key))]
+        tried = []
+        for keys, is_done in self._source_candidates():
+            present = [key for key in keys if has_key(storage, key)]
+            if present:
+                return (present if is_done else present[:1]), is_done
+            tried += [key for key in keys if key not in tried]
+        args = (("traj_key", self.traj_key), ("end_key", self.end_key), ("end_keys", self.end_keys))
+        given = ", ".join(f"{name}={value!r}" for name, value in args if value is not None)
         raise RuntimeError(
-            f"The storage has no entry {' nor '.join(given)} to find trajectories from. Pass the key of a "
-            f"stored entry (`traj_key` for per-step trajectory ids, `end_key` for per-step done flags)."
+            f"{type(self).__name__} found no trajectory information in the storage: it holds none of the "
+            f"entries {tried}{f' (from {given})' if given else ''}. Pass `traj_key` (per-step trajectory "
+            f"ids) or `end_key`/`end_keys` (per-step done flags) naming stored entries, or "
+            f"`ends`/`trajectories` tensors (with cache_values=True)."
         )
 
     def _find_boundaries(self, storage, key: tuple) -> _Boundaries:
@@ -302,13 +310,16 @@ class SliceSampler(Sampler):
         if isinstance(source, torch.Tensor):
             name = "`ends` tensor" if is_done else "`trajectories` tensor"
             values = as_step_values(source, n_rows, n_cols, name=name, reduce_any=False)
-        else:
+        elif len(source) == 1:
             what = "done flags" if is_done else "trajectory ids"
-            column = read_column(storage, source, n_rows)
-            values = as_step_values(column, n_rows, n_cols, name=f"{what} {source!r}", reduce_any=is_done)
+            column = read_column(storage, source[0], n_rows)
+            values = as_step_values(column, n_rows, n_cols, name=f"{what} {source[0]!r}", reduce_any=is_done)
+        else:  # several end keys: a step ends a trajectory if any of them is set
+            flags = [self._flags(storage, end_key, n_rows, n_cols) for end_key in source]
+            values = torch.stack(flags).any(0).view(n_rows, n_cols)
         layout = {"n_rows": n_rows, "n_cols": n_cols, "offset": offset, "last_row": last_row}
         index = find_trajectories(values, is_done=is_done, ndim=storage.ndim, **layout)
-        done = terminated = None
+        done = terminated = is_init = None
         if self.truncated_key is not None:
             if has_key(storage, _DONE_KEY):
                 done = self._flags(storage, _DONE_KEY, n_rows, n_cols)
@@ -316,7 +327,9 @@ class SliceSampler(Sampler):
                 done = values.reshape(-1, 1) if values.dtype == torch.bool else values.reshape(-1, 1).bool()
             if has_key(storage, _TERMINATED_KEY):
                 terminated = self._flags(storage, _TERMINATED_KEY, n_rows, n_cols)
-        return _Boundaries(key=key, index=index, done=done, terminated=terminated)
+        if has_key(storage, _IS_INIT_KEY):
+            is_init = self._flags(storage, _IS_INIT_KEY, n_rows, n_cols)
+        return _Boundaries(key=key, index=index, done=done, terminated=terminated, is_init=is_init)
 
     @staticmethod
     def _flags(storage, key, n_rows: int, n_cols: int) -> torch.Tensor:
@@ -387,14 +400,18 @@ class SliceSampler(Sampler):
         offsets = frac.mul_(elig.count_float.index_select(0, chosen)).long()
         return offsets.add_(elig.low) if elig.low else offsets
 
-    def _steps(self, num_slices: int, slice_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """``arange(slice_len)`` and the flat ``[B, 1]`` flag of the last step of each full slice (cached)."""
+    def _steps(self, num_slices: int, slice_len: int, device) -> tuple[torch.Tensor, ...]:
+        """``arange(slice_len)`` and the ``[B, 1]`` last-step and first-step flags of full slices (cached).
+
+        The cached tensors are shared between calls: never modify them in place.
+        """
         key = (num_slices, slice_len, device)
         cached = self._templates.get(key)
         if cached is None:
             steps = torch.arange(slice_len, device=device)
             last = (steps == slice_len - 1).repeat(num_slices).unsqueeze(-1)
-            cached = self._templates[key] = (steps, last)
+            first = (steps == 0).repeat(num_slices).unsqueeze(-1)
+            cached = self._templates[key] = (steps, last, first)
         return cached
 
     def sample(self, storage, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:
@@ -420,7 +437,7 @@ class SliceSampler(Sampler):
         """
         info: dict = {}
         num_slices = chosen.numel()
-        steps, last = self._steps(num_slices, slice_len, chosen.device)
+        steps, last, first = self._steps(num_slices, slice_len, chosen.device)
         traj_starts = elig.starts.index_select(0, chosen)
         real = None
         if self.strict_length and self.span == (False, False):  # every slice lies inside its trajectory
@@ -440,6 +457,8 @@ class SliceSampler(Sampler):
                 value = value.unsqueeze(-1).expand(-1, slice_len)
                 info[key] = value[real] if drop else value.reshape(-1)
             if drop:
+                if bounds.is_init is not None:  # a slice now starts at its first step inside the trajectory
+                    first = ((real.cumsum(1) == 1) & real)[real].unsqueeze(-1)
                 flat, truncated, real = flat[real], truncated[real], None
             else:
                 flat, truncated = flat.view(-1), truncated.view(-1)
@@ -457,6 +476,8 @@ class SliceSampler(Sampler):
             info[self.truncated_key] = truncated
             info[_DONE_KEY] = done
             info[_TERMINATED_KEY] = terminated
+        if bounds.is_init is not None:  # a slice starts a sequence, as a stored trajectory start does
+            info[_IS_INIT_KEY] = bounds.is_init.index_select(0, cells).logical_or_(first)
         if self.pad_output:
             info[_MASK_KEY] = real.view(-1) if real is not None else torch.ones_like(flat, dtype=torch.bool)
         return index, info
@@ -479,17 +500,26 @@ class SliceSampler(Sampler):
         state["_cache"] = None
         return state
 
-    def __repr__(self) -> str:
+    def _repr_fields(self) -> list[str]:
+        """``name=value`` parts of the repr: the size, the trajectory source and the sampling options."""
         if self.num_slices is not None:
-            size = f"num_slices={self.num_slices}"
+            fields = [f"num_slices={self.num_slices}"]
         else:
-            size = f"slice_len={self.slice_len}"
-        source = (
-            "static"
-            if self._static is not None
-            else f"traj_key={self.traj_key!r}, end_key={self.end_key!r}"
-        )
-        return (
-            f"{type(self).__name__}({size}, {source}, strict_length={self.strict_length}, "
-            f"pad_output={self.pad_output}, span={self.span}, cache_values={self.cache_values})"
-        )
+            fields = [f"slice_len={self.slice_len}"]
+        if self._static is not None:
+            fields.append("source=static")
+        elif self.end_keys is not None:
+            fields += [f"traj_key={self.traj_key!r}", f"end_keys={list(self.end_keys)!r}"]
+        else:
+            fields += [f"traj_key={self.traj_key!r}", f"end_key={self.end_key!r}"]
+        fields += [
+            f"strict_length={self.strict_length}",
+            f"pad_output={self.pad_output}",
+            f"span={self.span}",
+            f"cache_values={self.cache_values}",
+        ]
+        compat = (("compile", self.compile), ("use_gpu", self.use_gpu))  # shown when set
+        return fields + [f"{name}={value!r}" for name, value in compat if value is not False]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(self._repr_fields())})"

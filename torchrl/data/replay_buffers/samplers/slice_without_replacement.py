@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from tensordict import NestedKey
 
+from torchrl.data.replay_buffers.samplers.base import register_without_replacement
 from torchrl.data.replay_buffers.samplers.random import SamplerWithoutReplacement
 from torchrl.data.replay_buffers.samplers.slice import SliceSampler, _Eligible
 
@@ -28,8 +29,15 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         slice_len (int, optional): steps per slice.
         drop_last (bool): drop the last batch of an epoch when fewer than ``num_slices`` trajectories are
             left; ``False`` returns it with fewer slices. Defaults to ``False``.
-        end_key, traj_key, ends, trajectories, truncated_key, strict_length: as in :class:`SliceSampler`.
+        end_key, end_keys, traj_key, ends, trajectories, truncated_key, strict_length: as in
+            :class:`SliceSampler`.
         shuffle (bool): ``False`` visits trajectories in storage order (oldest first). Defaults to ``True``.
+        compile, use_gpu: accepted for compatibility with TorchRL, without effect, as in
+            :class:`SliceSampler`.
+
+    The info of a sample is that of :class:`SliceSampler` (``"is_init"`` included). It is also what
+    ``SliceSampler(..., replacement=False)`` returns (see :class:`Sampler`); ``replacement=True`` here is a
+    contradiction and raises a TypeError.
 
     Examples:
         >>> import torch
@@ -59,24 +67,30 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         slice_len: int | None = None,
         drop_last: bool = False,
         end_key: NestedKey | None = None,
+        end_keys: list[NestedKey] | None = None,
         traj_key: NestedKey | None = None,
         ends: torch.Tensor | None = None,
         trajectories: torch.Tensor | None = None,
         truncated_key: NestedKey | None = ("next", "truncated"),
         strict_length: bool = True,
         shuffle: bool = True,
+        compile: bool | dict = False,
+        use_gpu: bool | torch.device = False,
     ):
         SliceSampler.__init__(
             self,
             num_slices=num_slices,
             slice_len=slice_len,
             end_key=end_key,
+            end_keys=end_keys,
             traj_key=traj_key,
             ends=ends,
             trajectories=trajectories,
             cache_values=True,
             truncated_key=truncated_key,
             strict_length=strict_length,
+            compile=compile,
+            use_gpu=use_gpu,
         )
         SamplerWithoutReplacement.__init__(self, drop_last=drop_last, shuffle=shuffle)
 
@@ -105,5 +119,14 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         SliceSampler._empty(self)
         SamplerWithoutReplacement._empty(self)
 
+    def _repr_fields(self) -> list[str]:
+        # pad_output, span and cache_values are fixed in this class (not arguments): not shown
+        fixed = ("pad_output=", "span=", "cache_values=")
+        fields = [field for field in super()._repr_fields() if not field.startswith(fixed)]
+        return fields + [f"drop_last={self.drop_last}", f"shuffle={self.shuffle}"]
+
     def __repr__(self) -> str:
-        return f"{SliceSampler.__repr__(self)[:-1]}, drop_last={self.drop_last}, shuffle={self.shuffle})"
+        return f"{type(self).__name__}({', '.join(self._repr_fields())})"
+
+
+register_without_replacement(SliceSampler, SliceSamplerWithoutReplacement)
