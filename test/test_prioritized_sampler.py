@@ -398,7 +398,7 @@ def test_rounding_overshoots_are_repaired_to_the_closest_positive_item_before():
     sampler = _sampler(8, alpha=1.0, eps=0.0)
     sampler.update_priority(torch.arange(8), torch.tensor([1.0, 2.0, 0.0, 3.0, 0.0, 0.0, 5.0, 5.0]))
     # what partial sums rounded past the end would give: a zero-priority item, items past len(storage)
-    sampler._sum_tree._scan = lambda v: np.resize(np.array([2, 4, 5, 6, 7, 1]), v.size)
+    sampler._sum_tree._scan = lambda v, prefix=None: np.resize(np.array([2, 4, 5, 6, 7, 1]), v.size)
     index, info = sampler.sample(storage, 6)
     assert index.tolist() == [1, 3, 3, 3, 3, 1]
     assert torch.isfinite(info["priority_weight"]).all() and (info["priority_weight"] <= 1).all()

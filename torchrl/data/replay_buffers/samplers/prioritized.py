@@ -290,14 +290,14 @@ class PrioritizedSampler(Sampler):
         else:
             u = torch.rand(batch_size, generator=rng, dtype=torch.float64, device=rng.device).cpu().numpy()
         v = (1.0 - u) * total  # in (0, total]: a leaf holding zero is never the first to reach v
-        index = sum_tree._scan(v) if prefix is None else sum_tree._scan(v, prefix)
+        index = sum_tree._scan(v, prefix)
         leaves = sum_tree._leaves
         q = leaves[index]
         if not (index.max() < n and q.min() > 0):  # partial sums rounded past the last positive leaf
             stray = (index >= n) | (q <= 0)
             index[stray] = sum_tree._last_positive_at_or_before(index[stray], n)
             q = leaves[index]
-        q_min = self._min_tree._flat_total() if prefix is not None else self._min_tree.query(0, n)
+        q_min = self._stored_min(n)
         weight = np.power(q / q_min, -self._beta)
         numpy_dtype = _NUMPY_DTYPES.get(self._dtype)
         if numpy_dtype is not None:
@@ -470,6 +470,12 @@ class PrioritizedSampler(Sampler):
         self._sum_tree._rebuild()
         self._min_tree._leaves[: self._max_capacity] = np.where(q > 0, q, np.inf)
         self._min_tree._rebuild()
+
+    def _stored_min(self, n: int) -> float:
+        """The smallest transformed priority among the first ``n`` positions (``+inf`` if none is positive)."""
+        if self._written_end <= n:  # nothing set past them: one pass over the flat level
+            return self._min_tree._flat_total()
+        return self._min_tree.query(0, n)
 
     def _end_of_written(self) -> int:
         """One past the highest position holding a priority (``0`` if none)."""

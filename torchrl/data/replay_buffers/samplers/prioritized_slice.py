@@ -165,7 +165,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         u = self._uniform(num_slices, torch.device("cpu")).numpy()
         pick = np.searchsorted(cumulative, u * (total * _BELOW_ONE), side="right")
         np.minimum(pick, cells.size - 1, out=pick)
-        q_min = self._min_tree.query(0, n)
+        q_min = self._stored_min(n)
         weight = torch.from_numpy(np.power(q[pick] / q_min, -self._beta)).to(self._dtype)
         pick = torch.from_numpy(pick).to(owner.device)
         return self._build_slices(
