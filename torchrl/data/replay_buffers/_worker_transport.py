@@ -3,33 +3,36 @@
 torch sends every tensor of a worker's batch by moving its storage to a NEW shared-memory segment and
 passing a file descriptor to the main process: on a 2-core machine that costs ~0.5 ms per tensor (allocation,
 page faults, a socket round trip for the descriptor), as much as a quarter of the work of producing a batch
-of images. Here each worker instead keeps a ring of a few batch-sized slots in one file of shared memory
-(``/dev/shm``), copies each batch into a free slot and sends a small :class:`_RingBatch` message; when the main
-process unpickles the message it copies the slot out into ordinary tensors and marks the slot free again.
+of images. Here each worker instead keeps a ring of a few batch-sized slots in one anonymous shared-memory
+file (``memfd_create``: it has no name, in ``/dev/shm`` or anywhere), copies each batch into a free slot and
+sends a small :class:`_RingBatch` message; when the main process unpickles the message it maps the ring through
+the worker's descriptor (``/proc/<worker pid>/fd/<fd>``), copies the slot out into ordinary tensors and marks
+the slot free again.
 
 Correctness does not depend on timing: a slot is reused only after the main process copied it out (a state
 word per slot in the same file), and a batch that does not fit the ring (another structure, non-CPU or
-lazily stacked data, or every slot still in flight) is returned as is and travels the ordinary way. The
-ring file is removed when the worker exits (``multiprocessing``'s exit hooks run in DataLoader workers) and,
-for a worker that was killed, when the receiving process exits.
+lazily stacked data, or every slot still in flight) is returned as is and travels the ordinary way. A random
+token written in the ring's header and carried by each message rejects a descriptor path whose pid or fd
+number was reused. Nothing is left behind whatever happens to either process (normal exit, SIGTERM, SIGKILL
+before or after the first batch was read): the kernel frees the ring's memory once the worker's descriptor and
+every mapping of it are gone. Where ``memfd_create`` or ``/proc`` is missing, batches travel the ordinary way.
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
 import math
-import multiprocessing.util
 import os
 import sys
-import tempfile
 import threading
+import weakref
 
 import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 RING_SLOTS = 6
+_HEADER_BYTES = 64  # the ring's token (int64), padded
 _STATE_BYTES = 64  # one int64 state word per slot, padded
 _ALIGN = 64
 _FETCH_MODULE = "torch.utils.data._utils.fetch"
@@ -70,14 +73,17 @@ class BatchRing:
         self.batch_size = batch_size
         self.slots = slots
         self.slot_bytes = slot_bytes
-        self.total = _STATE_BYTES * slots + slot_bytes * slots
-        directory = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-        fd, self.path = tempfile.mkstemp(prefix="torchrl-batch-ring-", dir=directory)
+        self.total = _HEADER_BYTES + _STATE_BYTES * slots + slot_bytes * slots
+        if not hasattr(os, "memfd_create"):
+            raise OSError("memfd_create is not available on this platform")
+        fd = os.memfd_create("torchrl-batch-ring", os.MFD_CLOEXEC)  # no name: nothing to remove, ever
+        weakref.finalize(self, os.close, fd)  # open while the ring lives: the receiver maps it through /proc
         os.ftruncate(fd, self.total)
-        os.close(fd)
-        multiprocessing.util.Finalize(self, _unlink, args=(self.path,), exitpriority=10)
-        self.buffer = torch.from_file(self.path, shared=True, size=self.total, dtype=torch.uint8)
-        self.state = self.buffer[: _STATE_BYTES * slots].view(torch.int64)[:: _STATE_BYTES // 8]
+        self.path = f"/proc/{os.getpid()}/fd/{fd}"
+        self.token = int.from_bytes(os.urandom(8), "little") >> 1
+        self.buffer = _open(self.path, self.total)  # through /proc like the receiver: fails here if it can't
+        self.buffer[:_HEADER_BYTES].view(torch.int64)[0] = self.token
+        self.state = _states(self.buffer, slots)
         self.cursor = 0
 
     @classmethod
@@ -112,7 +118,7 @@ class BatchRing:
                 break
         else:
             return None  # every slot still in flight: send this one the ordinary way
-        base = _STATE_BYTES * self.slots + slot * self.slot_bytes
+        base = _HEADER_BYTES + _STATE_BYTES * self.slots + slot * self.slot_bytes
         for (_, tensor), (_, dtype, shape, offset) in zip(items, self.layout):
             nbytes = tensor.numel() * tensor.element_size()
             if nbytes:
@@ -120,53 +126,54 @@ class BatchRing:
                 dst.copy_(tensor)
         state[slot] = 1
         self.cursor = (slot + 1) % self.slots
-        return _RingBatch(self.path, self.total, self.slots, slot, self.slot_bytes, self.layout, self.batch_size)
+        return _RingBatch(self.path, self.token, self.total, self.slots, slot, self.slot_bytes, self.layout,
+                          self.batch_size)
 
 
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+def _states(buffer: torch.Tensor, slots: int) -> torch.Tensor:
+    """The state word of each slot (0: free, 1: in flight), a view into the ring."""
+    words = buffer[_HEADER_BYTES : _HEADER_BYTES + _STATE_BYTES * slots].view(torch.int64)
+    return words[:: _STATE_BYTES // 8]
 
 
-_mapped: collections.OrderedDict[str, torch.Tensor] = collections.OrderedDict()
+def _open(path: str, total: int) -> torch.Tensor:
+    # numpy's "r+" never creates the file: a missing ring must not read back as zeros
+    return torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="r+", shape=(total,)))
+
+
+# the rings this process received from, by path: (token, mapping)
+_mapped: collections.OrderedDict[str, tuple[int, torch.Tensor]] = collections.OrderedDict()
 _mapped_lock = threading.Lock()
-_seen_paths: set[str] = set()
 
 
-def _unlink_seen_rings() -> None:
-    """At the receiving process's exit: removes the rings of workers that did not (killed workers)."""
-    for path in _seen_paths:
-        _unlink(path)
-
-
-def _map(path: str, total: int) -> torch.Tensor:
+def _map(path: str, token: int, total: int) -> torch.Tensor:
     with _mapped_lock:
-        buffer = _mapped.get(path)
-        if buffer is None:
-            try:  # numpy's "r+" never creates the file: a missing ring must not read back as zeros
-                buffer = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="r+", shape=(total,)))
-            except FileNotFoundError:
-                raise RuntimeError(
-                    f"A DataLoader batch arrived after the shared-memory ring it was written to ({path}) was "
-                    f"removed: the worker that sent it has exited."
-                ) from None
-            _mapped[path] = buffer
-            if not _seen_paths:
-                atexit.register(_unlink_seen_rings)
-            _seen_paths.add(path)
-            while len(_mapped) > _MAX_MAPPED:  # rings of workers that are gone
-                _mapped.popitem(last=False)
-        else:
+        entry = _mapped.get(path)
+        if entry is not None and entry[0] == token:
             _mapped.move_to_end(path)
+            return entry[1]
+        gone = RuntimeError(
+            f"A DataLoader batch arrived after the shared-memory ring it was written to ({path}) was "
+            f"removed: the worker that sent it has exited."
+        )
+        try:
+            buffer = _open(path, total)
+        except (FileNotFoundError, ValueError):  # no such fd, or another file of another size there now
+            raise gone from None
+        if int(buffer[:_HEADER_BYTES].view(torch.int64)[0]) != token:  # the pid or fd number was reused
+            raise gone
+        for stale in [p for p in _mapped if not os.path.exists(p)]:  # rings of workers that are gone
+            del _mapped[stale]
+        _mapped[path] = (token, buffer)
+        while len(_mapped) > _MAX_MAPPED:
+            _mapped.popitem(last=False)
         return buffer
 
 
-def _receive(path, total, slots, slot, slot_bytes, layout, batch_size):
+def _receive(path, token, total, slots, slot, slot_bytes, layout, batch_size):
     """Runs in the receiving process: copies a slot out into ordinary tensors and frees the slot."""
-    buffer = _map(path, total)
-    base = _STATE_BYTES * slots + slot * slot_bytes
+    buffer = _map(path, token, total)
+    base = _HEADER_BYTES + _STATE_BYTES * slots + slot * slot_bytes
     out = []
     for key, dtype, shape, offset in layout:
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
@@ -176,7 +183,7 @@ def _receive(path, total, slots, slot, slot_bytes, layout, batch_size):
             # that the workers keep busy (the ~8 ms stall of multi-threaded ops on a loaded machine)
             np.copyto(target.view(-1).view(torch.uint8).numpy(), buffer[base + offset : base + offset + nbytes].numpy())
         out.append((key, target))
-    buffer[: _STATE_BYTES * slots].view(torch.int64)[slot * (_STATE_BYTES // 8)] = 0
+    _states(buffer, slots)[slot] = 0
     if batch_size is None:
         return out[0][1]
     return TensorDict(dict(out), batch_size=batch_size)
