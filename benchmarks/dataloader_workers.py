@@ -8,7 +8,13 @@ R1`` is the ceiling for N workers. Also compares ``StorageDataset`` (one gather 
 same storage read through per-item ``__getitem__``, on 100k transitions of the core benchmark data
 (``obs: f32[84], action: i64, reward: f32, ("next", "obs"): f32[84], done: bool``).
 
+The last table prices ``consistent_reads`` (the per-row version check that keeps a batch from mixing two
+writes, on by default for shared storages): ``rb.sample()`` time per batch with the check on and off, in
+alternating rounds, for the core data (batch 256, shared ``LazyTensorStorage``) and the frames above through 2
+workers.
+
 Run: ``python benchmarks/dataloader_workers.py [--seconds 3] [--size 10000] [--rounds 3]``
+(``--only-consistent-reads`` prints the last table alone)
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import torch
 from tensordict import TensorDict
 from torch.utils.data import DataLoader, Dataset
 
-from torchrl.data import LazyMemmapStorage, TensorDictReplayBuffer, tensordict_collate
+from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer, tensordict_collate
 from torchrl.envs.transforms import Resize
 
 
@@ -92,15 +98,50 @@ def rate_storage_dataset(dataset, batch_size: int, seconds: float) -> float:
     return n / (time.perf_counter() - start)
 
 
+def sample_time_us(rb, seconds: float) -> float:
+    rb.sample()
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(10):
+            rb.sample()
+        n += 10
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def consistent_reads_table(frames_rb, seconds: float, rounds: int) -> None:
+    core = TensorDictReplayBuffer(storage=LazyTensorStorage(100_000), batch_size=256, shared=True)
+    n = 100_000
+    core.extend(TensorDict(
+        {"obs": torch.randn(n, 84), "action": torch.randint(0, 4, (n,)), "reward": torch.randn(n),
+         ("next", "obs"): torch.randn(n, 84), "done": torch.zeros(n, dtype=torch.bool)}, batch_size=[n]))
+    cells: dict[tuple, list[float]] = {}
+    for _ in range(rounds):
+        for flag in (True, False):
+            core.storage.consistent_reads = flag
+            frames_rb.storage.consistent_reads = flag
+            cells.setdefault(("core in-process, us/batch", flag), []).append(sample_time_us(core, seconds))
+            cells.setdefault(("frames 2 workers, batches/s", flag), []).append(rate_loader(frames_rb, 2, seconds))
+    print("\nconsistent_reads (medians; ratio = on / off, per round)")
+    print(f"{'case':>30} {'on':>10} {'off':>10} {'ratio':>7}")
+    for case in ("core in-process, us/batch", "frames 2 workers, batches/s"):
+        on, off = cells[(case, True)], cells[(case, False)]
+        ratio = statistics.median(a / b for a, b in zip(on, off))
+        print(f"{case:>30} {statistics.median(on):>10.1f} {statistics.median(off):>10.1f} {ratio:>6.3f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="measurement time per cell")
     parser.add_argument("--size", type=int, default=10_000, help="frames in the buffer")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are printed")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2, 4])
+    parser.add_argument("--only-consistent-reads", action="store_true", help="print the last table alone")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
     rb = make_buffer(args.size)
+    if args.only_consistent_reads:
+        consistent_reads_table(rb, args.seconds, args.rounds)
+        return
     results: dict[str, list[float]] = {}
     for _ in range(args.rounds):  # interleave the sides of every ratio
         results.setdefault("R1", []).append(rate_in_process(rb, args.seconds, threads=1))
@@ -129,6 +170,7 @@ def main() -> None:
     ratio = statistics.median(f / s for f, s in per_round)
     print(f"\nStorageDataset batch 256: {fast:.1f} batches/s; per-item __getitem__: {slow:.1f} batches/s; "
           f"speed-up {ratio:.1f}x (median of per-round ratios)")
+    consistent_reads_table(rb, args.seconds, args.rounds)
 
 
 if __name__ == "__main__":
