@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 
 import torch
 import torch.utils._pytree as pytree
@@ -210,3 +211,50 @@ def child_share_and_drop(rb, queue, event) -> None:
     del rb
     gc.collect()
     queue.put(path is None or os.path.isdir(path))
+
+
+# -- several writer processes (test_shared_writes.py) ----------------------------------------------------------
+TAG_WIDTH = 4
+
+
+def tagged_rows(writer_id: int, seq_start: int, n: int) -> TensorDict:
+    """``n`` rows written by ``writer_id``: every leaf of row ``k`` encodes ``(writer_id, seq_start + k)``."""
+    seq = torch.arange(seq_start, seq_start + n)
+    tag = writer_id * 1_000_000 + seq
+    return TensorDict(
+        {
+            "writer": torch.full((n,), writer_id),
+            "seq": seq,
+            "a": tag.double().unsqueeze(-1).expand(n, TAG_WIDTH).clone(),
+            ("nested", "w"): tag.clone(),
+        },
+        batch_size=[n],
+    )
+
+
+def torn_rows(td) -> int:
+    """How many rows of a batch of :func:`tagged_rows` mix two writes (their leaves disagree)."""
+    tag = td["writer"] * 1_000_000 + td["seq"]
+    ok = (td["a"] == tag.double().unsqueeze(-1)).all(-1) & (td["nested", "w"] == tag)
+    return int((~ok).sum())
+
+
+def child_write_tagged(rb, writer_id: int, batches: int, batch: int, start=None) -> None:
+    """Writes ``batches`` x ``batch`` tagged rows into ``rb``; waits for ``start`` (an Event) first."""
+    if start is not None:
+        start.wait(30)
+    for b in range(batches):
+        rb.extend(tagged_rows(writer_id, b * batch, batch))
+
+
+def child_hold_write_lock(rb, held, seconds: float) -> None:
+    """Takes the buffer's write lock, sets ``held`` and sleeps holding it (the test kills this process)."""
+    with rb.write_lock:
+        held.set()
+        time.sleep(seconds)
+
+
+def child_extend_and_report(rb, queue) -> None:
+    """Extends ``rb`` (whatever it shares with the parent) and reports the child's own view of it."""
+    rb.extend(tagged_rows(7, 0, 3))
+    queue.put((len(rb), rb.writer.cursor))

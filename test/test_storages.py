@@ -119,9 +119,12 @@ def test_empty_keeps_allocation_and_resets_length(storage):
     assert ids_of("tensordict", s[:]).tolist() == [10, 11]
 
 
-def test_counters_live_in_shared_memory_and_state_dict_holds_plain_values():
+def test_counters_are_shared_exactly_when_the_content_is_and_state_dict_holds_plain_values():
     s = _filled("lazy", "tensor")
-    assert s._counters._tensor.is_shared()
+    assert not s.is_shared and not s._counters.is_shared
+    s.share_memory_()
+    assert s.is_shared and s._counters.is_shared and s._storage.is_shared()
+    assert _filled("memmap", "tensor").is_shared
     state = s.state_dict()
     assert isinstance(state["_len"], int) and state["_len"] == 6
     assert isinstance(state["_last_row"], int) and state["_last_row"] == 5

@@ -146,15 +146,21 @@ def test_empty_resets_cursor_and_optionally_the_write_count():
     assert (writer.cursor, writer.write_count) == (0, 0)
 
 
-def test_counters_are_shared_memory_and_pickled_copies_are_independent():
-    writer = _writer_on("lazy", kind="tensor")
+@pytest.mark.parametrize("share", ["before_register", "after_register", "never"])
+def test_counters_are_shared_with_the_storage_and_pickled_copies_are_independent(share):
+    storage = make_storage("lazy", 5, "tensor")
+    if share == "before_register":
+        storage.share_memory_()
+    writer = RoundRobinWriter()
+    ReplayBuffer(storage=storage, writer=writer)  # the storage tells its buffers when it becomes shared
+    if share == "after_register":
+        storage.share_memory_()
     writer.extend(torch.zeros(2, 3))
-    assert writer._counters._tensor.is_shared()
+    assert writer._counters.is_shared is (share != "never")
     copy = pickle.loads(pickle.dumps(writer))
     assert (copy.cursor, copy.write_count) == (2, 2)
     copy.extend(torch.zeros(1, 3))
     assert (writer.cursor, copy.cursor) == (2, 3)
-    assert copy._counters._tensor.is_shared()
 
 
 class _Recorder:

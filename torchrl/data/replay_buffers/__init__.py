@@ -1,6 +1,8 @@
 """Replay buffers: storages, samplers, writers and the buffers that combine them."""
 
+from torchrl.data.replay_buffers._cleanup import cleanup_stale_scratch_dirs
 from torchrl.data.replay_buffers._collate import tensordict_collate
+from torchrl.data.replay_buffers._shared import TornReadError
 from torchrl.data.replay_buffers.replay_buffers import (
     PrioritizedReplayBuffer,
     ReplayBuffer,
@@ -62,6 +64,8 @@ __all__ = [
     "TensorDictMaxValueWriter",
     "WriterEnsemble",
     "tensordict_collate",
+    "cleanup_stale_scratch_dirs",
+    "TornReadError",
     "StorageDataset",
     "ReplayBufferDataset",
 ]

@@ -16,6 +16,7 @@ A handler turns a component into ``(tensors, doc)`` (``doc`` a JSON document) an
 from __future__ import annotations
 
 import copy
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -25,6 +26,8 @@ import torch
 from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
 from torchrl.data.replay_buffers import _checkpoint_io as _io
+from torchrl.data.replay_buffers._checkpoint_io import CheckpointError
+from torchrl.data.replay_buffers._checkpoint_validate import check_int_field
 
 
 class Context:
@@ -136,11 +139,25 @@ def dump_stateful(obj, ctx: Context) -> tuple[dict, dict]:
     return tensors, {"class": qualname(obj), "state": encode_state(obj.state_dict(), tensors, ctx.prefix, "state")}
 
 
+_COUNTER_KEYS = ("_cursor", "_write_count")  # writer counters: ints >= 0 (the cursor bounded in check_buffer)
+
+
+def _saved_scalars(doc: dict) -> dict:
+    """The scalar entries (``{"value": ...}`` nodes) of a saved state dict, by key."""
+    saved = doc.get("state", {}).get("dict") or []
+    return {key: node["value"] for key, node in saved if isinstance(node, dict) and "value" in node}
+
+
 def check_stateful(obj, doc: dict, tensors: dict, ctx: Context) -> None:
     check_class(obj, doc, "component")
     saved = doc.get("state", {}).get("dict")
     if saved is None or not callable(getattr(obj, "state_dict", None)):
         return
+    scalars = _saved_scalars(doc)
+    for key in _COUNTER_KEYS:
+        if key in scalars:
+            where = f"The {type(obj).__name__} state in the checkpoint {ctx.path!r}"
+            check_int_field(scalars[key], key, where, 0, fix="Counters are JSON integers, e.g. 0.")
     here = obj.state_dict()
     for key, node in saved:
         value = node.get("value") if isinstance(node, dict) else None
@@ -218,6 +235,7 @@ def check_tensor_storage(storage, doc: dict, tensors: dict, ctx: Context) -> Non
         return
     from torchrl.data.replay_buffers.storages._codec import DataCodec
 
+    _check_storage_counters(storage, doc, ctx)
     DataCodec.from_json(doc["codec"])  # raises if e.g. the tensorclass is not importable
     for leaf in doc["leaves"]:
         stored = tensors.get(leaf["tensor"])
@@ -234,6 +252,32 @@ def check_tensor_storage(storage, doc: dict, tensors: dict, ctx: Context) -> Non
         mine = (list(here[key].shape), _io.dtype_name(here[key].dtype))
         if (leaf["shape"], leaf["dtype"]) != mine:
             raise mismatch(f"the (shape, dtype) of {key}", (leaf["shape"], leaf["dtype"]), mine, fix)
+
+
+def _check_storage_counters(storage, doc: dict, ctx: Context) -> None:
+    """The grid size and row counters of a tensor storage's description fit its capacity."""
+    where = f"The {type(storage).__name__} description in the checkpoint {ctx.path!r}"
+    grid = doc["batch_size"]
+    ndim = storage.ndim
+    if not isinstance(grid, list) or len(grid) < ndim:
+        raise CheckpointError(
+            f"{where}: `batch_size` is {grid!r}, expected a list of at least ndim={ndim} positive ints (the "
+            f"storage's grid). Save the storage again with `dumps`. Nothing was loaded."
+        )
+    for i, size in enumerate(grid):
+        check_int_field(size, f"batch_size[{i}]", where, 1)
+    cells = math.prod(grid[1:ndim])
+    rows = -(-storage.max_size // cells)  # the rows a storage of this max_size allocates for such items
+    check_int_field(grid[0], "batch_size[0]", where, rows, rows, fix=f"max_size={storage.max_size} gives {rows} rows.")
+    written = check_int_field(doc["rows"], "rows", where, 0, rows, fix="`rows` counts the rows written.")
+    check_int_field(doc["last_row"], "last_row", where, -1, written - 1, fix="`last_row` is a written row, or -1.")
+    check_int_field(doc["saved_rows"], "saved_rows", where, written, rows, fix="Every written row is saved.")
+    for leaf in doc["leaves"]:
+        if not isinstance(leaf.get("shape"), list) or leaf["shape"][: len(grid)] != grid:
+            raise CheckpointError(
+                f"{where}: the entry {leaf.get('key')!r} has shape {leaf.get('shape')!r}, which does not start "
+                f"with the storage's `batch_size` {grid}. Save the storage again with `dumps`. Nothing was loaded."
+            )
 
 
 def load_tensor_storage(storage, doc: dict, tensors: dict, ctx: Context) -> None:
@@ -333,6 +377,15 @@ def check_list_storage(storage, doc: dict, tensors: dict, ctx: Context) -> None:
     check_class(storage, doc, "storage")
     if doc.get("max_size") != storage.max_size:
         raise mismatch("the storage max_size", doc.get("max_size"), storage.max_size, "Use the same max_size.")
+    where = f"The ListStorage description in the checkpoint {ctx.path!r}"
+    count = check_int_field(doc["count"], "count", where, 0, storage.max_size, fix="`count` is the number of items.")
+    entries = doc.get("entries", [])
+    held = sum(entry["batch_size"][0] for entry in entries) if doc.get("layout") == "stacked" else len(entries)
+    if held != count:
+        raise CheckpointError(
+            f"{where}: `count` is {count} but the entries hold {held} items. Save the storage again with `dumps`. "
+            f"Nothing was loaded."
+        )
     for entry in doc.get("entries", []):
         DataCodec.from_json(entry["codec"])
         if any(leaf["tensor"] not in tensors for leaf in entry["leaves"]):
@@ -385,6 +438,18 @@ def check_buffer(rb, doc: dict, tensors: dict, ctx: Context) -> None:
         raise ValueError(f"The checkpoint's buffer parts are {sorted(doc['parts'])}, expected {list(_PARTS)}.")
     for role, component in _parts(rb).items():
         check_any(component, doc["parts"][role], tensors, _part_ctx(ctx, role))
+    where = f"The {type(rb).__name__} description in the checkpoint {ctx.path!r}"
+    if doc["batch_size"] is not None:
+        check_int_field(doc["batch_size"], "batch_size", where, 1, fix="It is a positive JSON integer, or null.")
+    storage_doc = doc["parts"]["storage"]["doc"]
+    storage_doc = storage_doc if isinstance(storage_doc, dict) else {}
+    grid = storage_doc.get("batch_size")
+    capacity = grid[0] if isinstance(grid, list) and grid else storage_doc.get("max_size")
+    writer_doc = doc["parts"]["writer"]["doc"]
+    cursor = _saved_scalars(writer_doc).get("_cursor") if isinstance(writer_doc, dict) else None
+    if cursor is not None and isinstance(capacity, int):  # storages of other handlers may not say
+        fix = f"The writer's cursor is a row of the storage, which has {capacity} rows."
+        check_int_field(cursor, "_cursor", f"{where} (writer state)", 0, capacity, fix=fix)
 
 
 def load_buffer(rb, doc: dict, tensors: dict, ctx: Context) -> None:

@@ -3,7 +3,8 @@
 Every check raises :class:`CheckpointError` naming the file and what is wrong: the completion marker pins
 the bytes of ``metadata.json``; the schema version must be a supported one; every tensor entry must have a
 safe relative path to a regular file (no symlink at any level), an allowlisted dtype, and a shape, byte
-count and file size that agree.
+count and file size that agree. :func:`check_int_field` checks the counters and sizes of component
+descriptions (lengths, cursors, batch sizes) before a component is loaded.
 """
 
 from __future__ import annotations
@@ -135,3 +136,24 @@ def validated_entries(root: str, described: dict) -> list[tuple]:
             )
         entries.append((name, relative, torch_dtype, shape, nbytes, crc))
     return entries
+
+
+def check_int_field(value, field: str, where: str, low: int, high: int | None = None, *, fix: str = "") -> int:
+    """Returns ``value`` if it is an int in ``[low, high]`` (``high=None``: no upper bound), else raises.
+
+    Counters and sizes of a component description are checked with it before anything is loaded, so that a
+    hand-edited checkpoint (a length above the capacity, a negative cursor, a batch size of ``"4"``) is refused
+    instead of leaving a broken component.
+
+    Raises:
+        CheckpointError: naming ``where`` and ``field``, the value found and the allowed range.
+    """
+    if _is_int(value, low, high):
+        return value
+    allowed = f"an int in [{low}, {high}]" if high is not None else f"an int >= {low}"
+    kind = "" if isinstance(value, int) and not isinstance(value, bool) else f" ({type(value).__name__})"
+    raise CheckpointError(
+        f"{where}: `{field}` is {value!r}{kind}, expected {allowed}.{' ' + fix if fix else ''} The metadata was "
+        f"edited or written by other code: save the component again with `dumps`, or correct `{field}` in "
+        f"metadata.json (then re-sign the COMPLETE marker). Nothing was loaded."
+    )

@@ -216,7 +216,7 @@ class ReplayBufferDataset(IterableDataset):
         self.num_batches = num_batches
         self._seeded_worker: int | None = None
         storage = replay_buffer.storage
-        if hasattr(storage, "share_memory_") and getattr(storage, "initialized", True):
+        if hasattr(storage, "share_memory_"):  # a lazy storage then allocates in shared memory at its first write
             storage.share_memory_()
 
     @staticmethod

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDictBase, is_tensorclass
 
 from torchrl.data.replay_buffers._collate import stack_samples
 from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
@@ -78,8 +78,10 @@ class ReplayBuffer:
             Defaults to ``storage.ndim - 1``.
         generator (torch.Generator, optional): the generator of every random draw. Defaults to ``None``
             (torch's global generator).
-        shared (bool): whether the buffer is written from several processes (moves tensor storages to shared
-            memory and uses a process lock for writes). Defaults to ``False``.
+        shared (bool): whether the buffer is written from several processes: moves tensor storages (content,
+            length and writer cursor) to shared memory, and every write then holds the storage's
+            cross-process :attr:`~torchrl.data.TensorStorage.write_lock` (memory-mapped storages are always
+            shared). See :ref:`shared-writes`. Defaults to ``False``.
 
     Examples:
         >>> import torch
@@ -160,11 +162,28 @@ class ReplayBuffer:
         self._prefetch_executor = ThreadPoolExecutor(max_workers=self._prefetch) if self._prefetch else None
 
     def share(self, shared: bool = True) -> ReplayBuffer:
-        """Prepares the buffer to be written from several processes (tensor storages move to shared memory)."""
+        """Prepares the buffer to be written from several processes.
+
+        Tensor storages move to shared memory (content, length, write lock), and so does the writer's cursor.
+        Call it (or build the buffer with ``shared=True``) before starting the other processes, after a first
+        write when the storage is lazy.
+        """
         self._shared = bool(shared)
         if shared and hasattr(self._storage, "share_memory_"):
             self._storage.share_memory_()
+        if shared:
+            self.share_memory_()
         return self
+
+    def share_memory_(self) -> ReplayBuffer:
+        """Moves the writer's cursor to shared memory; the storage calls it when it is shared itself."""
+        self._writer.share_memory_()
+        return self
+
+    @property
+    def write_lock(self):
+        """The storage's write lock (cross-process once the storage is shared), held around every write."""
+        return self._storage.write_lock
 
     # -- properties ---------------------------------------------------------------------------------------------
     @property
@@ -222,7 +241,7 @@ class ReplayBuffer:
             data = self._inv_transform_item(data)
             if data is None:
                 return torch.zeros((0, self._storage.ndim), dtype=torch.long)
-        with self._replay_lock:
+        with self._replay_lock, self._storage.write_lock:
             index = self._writer.add(data)
             if index is not None:  # None: a top-k writer rejected the item
                 self._sampler.add(index)
@@ -236,17 +255,36 @@ class ReplayBuffer:
 
     def extend(self, data) -> torch.Tensor:
         """Writes a batch (first dim = items, or ``dim_extend``) and returns the written indices."""
+        data = self._as_stored_batch(data)
+        if data is None:
+            return torch.zeros((0,), dtype=torch.long)
+        return self._write_batch(data)
+
+    def _as_stored_batch(self, data):
+        """``data`` through the inverse transforms, items first; ``None`` when the transforms dropped it."""
         if len(self._transform):
             if isinstance(data, TensorDictBase):
                 data = data.clone(False)  # transforms edit the structure in place, not the caller's TensorDict
             data = self._transform.inv(data)
             if data is None:
-                return torch.zeros((0,), dtype=torch.long)
+                return None
         if self._dim_extend > 0:
             data = _move_dim_to_front(data, self._dim_extend)
+        return data
+
+    def _write_batch(self, data, priority=None) -> torch.Tensor:
+        """Writes a batch laid out as the storage expects, and its ``priority`` if given, in one locked step.
+
+        The writer's :meth:`~torchrl.data.Writer.prepare` (validation) runs before the write lock, so writer
+        processes overlap it; cursor, rows, counters, sampler and priorities change under the lock.
+        """
         with self._replay_lock:
-            index = self._writer.extend(data)
-            self._sampler.extend(index)
+            data = self._writer.prepare(data)
+            with self._storage.write_lock:
+                index = self._writer.extend(data)
+                self._sampler.extend(index)
+                if priority is not None and index.numel():
+                    self.update_priority(index, priority)
         return index
 
     def mark_update(self, index) -> None:
@@ -254,17 +292,21 @@ class ReplayBuffer:
         self._sampler.mark_update(index, storage=self._storage)
 
     def update_priority(self, index, priority) -> None:
-        """Sets the priority of the items at ``index`` (prioritized samplers only)."""
+        """Sets the priority of the items at ``index`` (prioritized samplers only).
+
+        Positions not written yet (``>= len(rb)``) raise an ``IndexError`` and NaN, infinite or negative
+        priorities a ``ValueError``; a refused call changes no priority.
+        """
         if isinstance(index, tuple):
             index = torch.stack([torch.as_tensor(i) for i in index], -1)
-        with self._replay_lock:
+        with self._replay_lock, self._storage.write_lock:
             self._sampler.update_priority(index, priority, storage=self._storage)
 
     def empty(self, empty_write_count: bool = True) -> None:
         """Removes every item; the sampler and writer start over."""
         with self._futures_lock:
             self._prefetch_queue.clear()
-        with self._replay_lock:
+        with self._replay_lock, self._storage.write_lock:
             self._writer._empty(empty_write_count=empty_write_count)
             self._sampler._empty()
             self._storage._empty()
@@ -339,7 +381,7 @@ class ReplayBuffer:
             if isinstance(value, TensorDictBase):
                 value = value.clone(False)
             value = self._transform.inv(value)
-        with self._replay_lock:
+        with self._replay_lock, self._storage.write_lock:
             self._storage[index] = value
             if isinstance(index, slice):
                 index = torch.arange(*index.indices(self._storage._rows_written()))
@@ -374,7 +416,7 @@ class ReplayBuffer:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         with self._futures_lock:
             self._prefetch_queue.clear()
-        with self._replay_lock:
+        with self._replay_lock, self._storage.write_lock:
             self._storage.load_state_dict(state_dict["_storage"])
             self._sampler.load_state_dict(state_dict["_sampler"])
             self._writer.load_state_dict(state_dict["_writer"])
@@ -431,7 +473,7 @@ class ReplayBuffer:
         """Loads a buffer saved by :meth:`dumps` into this one (built with the same configuration)."""
         from torchrl.data.replay_buffers.checkpointers import load_component
 
-        with self._futures_lock, self._replay_lock:
+        with self._futures_lock, self._replay_lock, self._storage.write_lock:
             self._prefetch_queue.clear()
             load_component(self, path)
 
@@ -450,8 +492,29 @@ class ReplayBuffer:
 
 
 def _move_dim_to_front(data, dim: int):
+    shape = _batch_shape(data)
+    if shape is not None and len(shape) <= dim:
+        raise ValueError(
+            f"extend() writes along dim `dim_extend`={dim} of the data (by default the storage's ndim - 1: an "
+            f"ndim=2 storage takes [env, time, ...] batches), but the data has batch shape {list(shape)}. Pass "
+            f"data with at least {dim + 1} leading dims (e.g. data.unsqueeze(0) for one env), or use a storage "
+            f"with ndim=1 for flat batches."
+        )
     if isinstance(data, (torch.Tensor, TensorDictBase)) or hasattr(data, "transpose"):
         return data.transpose(0, dim)
     import torch.utils._pytree as pytree
 
     return pytree.tree_map(lambda t: t.transpose(0, dim), data)
+
+
+def _batch_shape(data) -> torch.Size | None:
+    """The dims of ``data`` that ``extend`` may index (batch size of a TensorDict/tensorclass, shape of a
+    tensor, shortest leaf shape of a pytree); ``None`` when unknown."""
+    if isinstance(data, TensorDictBase) or is_tensorclass(data):
+        return data.batch_size
+    if isinstance(data, torch.Tensor):
+        return data.shape
+    import torch.utils._pytree as pytree
+
+    shapes = [leaf.shape for leaf in pytree.tree_leaves(data) if isinstance(leaf, torch.Tensor)]
+    return min(shapes, key=len) if shapes else None

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
-from torchrl.data.replay_buffers.samplers.prioritized import PrioritizedSampler, reduce_priority
+from torchrl.data.replay_buffers.samplers.prioritized import (
+    PrioritizedSampler,
+    check_priorities,
+    reduce_priority,
+)
 from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter, Writer
 
 
@@ -61,32 +66,68 @@ class TensorDictReplayBuffer(ReplayBuffer):
             )
 
     def add(self, data):
+        """Writes one TensorDict and returns its index.
+
+        With a prioritized sampler, the item's priority is read from ``data[priority_key]`` when present and
+        checked before anything is written: a NaN, infinite or negative priority raises a ``ValueError`` that
+        names the entry, and leaves the buffer unchanged.
+        """
         self._check_td(data, "add")
-        index = super().add(data)
-        if index is not None:
-            self._update_priority_from(data, index, batched=False)
+        priority = self._priorities_of(data, batched=False)
+        with self._replay_lock, self.write_lock:  # lock order of every write
+            index = super().add(data)
+            if index is not None and priority is not None:
+                self.update_priority(index, priority)
         return index
 
     def extend(self, tensordicts, *, update_priority: bool | None = None) -> torch.Tensor:
-        self._check_td(tensordicts, "extend")
-        index = super().extend(tensordicts)
-        if update_priority is not False:
-            self._update_priority_from(tensordicts, index, batched=True)
-        return index
+        """Writes a batch of TensorDicts and returns the written indices.
 
-    def _update_priority_from(self, data: TensorDictBase, index, *, batched: bool) -> None:
-        """Sets the priorities of freshly written items from ``data[priority_key]``, when present."""
+        With a prioritized sampler, the priorities of the new items are read from
+        ``tensordicts[priority_key]`` when present (reduced per item with the sampler's ``reduction``) and
+        checked before anything is written: a NaN, infinite or negative priority raises a ``ValueError`` that
+        names the entry, and nothing is written (length, content, writer cursor and priorities unchanged).
+
+        Keyword Args:
+            update_priority (bool, optional): ``False`` ignores the ``priority_key`` entry (the new items get
+                the sampler's default priority). Defaults to ``None`` (read it when present).
+        """
+        self._check_td(tensordicts, "extend")
+        priority = self._priorities_of(tensordicts, batched=True) if update_priority is not False else None
+        batch = self._as_stored_batch(tensordicts)
+        if batch is None:
+            return torch.zeros((0,), dtype=torch.long)
+        return self._write_batch(batch, priority)  # items and priorities land together, under the write lock
+
+    def _priorities_of(self, data: TensorDictBase, *, batched: bool) -> np.ndarray | None:
+        """The checked priorities of the items of ``data`` (from ``data[priority_key]``), before a write.
+
+        ``None`` when the sampler is not prioritized or the entry is absent.
+        """
         if not isinstance(self._sampler, PrioritizedSampler):
-            return
-        priority = data.get(self.priority_key, None)
+            return None
+        key = self.priority_key
+        priority = data.get(key, None)
         if priority is None:
-            return
+            return None
         priority = torch.as_tensor(priority)
         if batched and self._dim_extend > 0:
-            priority = priority.transpose(0, self._dim_extend)  # the extend dim first, as the data was written
+            priority = priority.transpose(0, self._dim_extend)  # the extend dim first, as the data is written
         item_dims = self._storage.ndim if batched else self._storage.ndim - 1
         priority = reduce_priority(priority, self._sampler.reduction, batch_dims=item_dims)
-        self.update_priority(index, priority.reshape(-1))
+        name = key if isinstance(key, str) else ".".join(key) if isinstance(key, tuple) else str(key)
+        method = "extend" if batched else "add"
+        return check_priorities(
+            priority,
+            name,
+            fix=(
+                f"the priorities of the new items are read from the data's {key!r} entry (this buffer's "
+                f"`priority_key`). Store finite values >= 0 there (e.g. td_error.abs(), with NaN replaced), "
+                f"or call {method}() without that entry"
+                f"{', or with update_priority=False,' if batched else ''} to give the new items the default "
+                f"priority. Nothing was written."
+            ),
+        )
 
     def update_tensordict_priority(self, data: TensorDictBase) -> None:
         """Reads ``data["index"]`` and ``data[priority_key]`` and updates the sampler's priorities."""

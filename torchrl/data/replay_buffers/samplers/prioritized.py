@@ -1,4 +1,5 @@
-"""Prioritized experience replay: :class:`PrioritizedSampler` and the :func:`reduce_priority` helper.
+"""Prioritized experience replay: :class:`PrioritizedSampler`, with the :func:`reduce_priority` and
+:func:`check_priorities` helpers (defined in :mod:`._priorities`).
 
 Each stored item ``i`` has a raw priority ``p_i`` (a learner sets it, e.g. from the TD error; a new item
 gets the largest priority seen so far). The sampler stores ``q_i = (p_i + eps) ** alpha`` in a sum tree and
@@ -11,14 +12,21 @@ raveled with their shape) and only the first ``len(storage)`` of them are ever s
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
+from torchrl.data.replay_buffers.samplers._priorities import (
+    REDUCTIONS,
+    _check_dtype,
+    _check_exponent,
+    _check_max_capacity,
+    _check_reduction,
+    check_priorities,
+    reduce_priority,
+)
 from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, unravel
 from torchrl.data.replay_buffers.samplers.segment_tree import (
     MinSegmentTree,
@@ -28,92 +36,9 @@ from torchrl.data.replay_buffers.samplers.segment_tree import (
     _last_wins,
 )
 
-REDUCTIONS = ("max", "min", "sum", "mean", "median")
+__all__ = ["PrioritizedSampler", "REDUCTIONS", "check_priorities", "reduce_priority"]
+
 _NUMPY_DTYPES = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}
-
-
-def _check_reduction(reduction) -> str:
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"`reduction` must be one of {list(REDUCTIONS)}, got {reduction!r}.")
-    return reduction
-
-
-def reduce_priority(priority, reduction: str = "max", *, batch_dims: int = 1) -> torch.Tensor:
-    """Reduces a priority tensor to one value per item over its trailing dims.
-
-    A TensorDict buffer reads priorities from an entry of the batch (e.g. ``"td_error"``) whose shape may
-    carry extra dims per item (a time axis, several critics); prioritized sampling needs one number per
-    item, obtained with ``reduction`` over every dim after the ``batch_dims`` leading ones.
-
-    Args:
-        priority (tensor, ndarray, sequence or number): the priorities, items along the leading dims.
-        reduction (str): one of ``"max"``, ``"min"``, ``"sum"``, ``"mean"``, ``"median"`` (the lower
-            median, as :func:`torch.median`). Defaults to ``"max"``.
-
-    Keyword Args:
-        batch_dims (int): how many leading dims index items. Defaults to ``1``.
-
-    Returns:
-        a tensor of shape ``priority.shape[:batch_dims]`` (``priority`` itself when it has no extra dim);
-        integer priorities are reduced as float64.
-
-    Examples:
-        >>> import torch
-        >>> reduce_priority(torch.tensor([[1.0, 3.0], [2.0, 0.0]]), "max")
-        tensor([3., 2.])
-        >>> reduce_priority(torch.tensor([[1.0, 3.0], [2.0, 0.0]]), "mean")
-        tensor([2., 1.])
-    """
-    _check_reduction(reduction)
-    if isinstance(batch_dims, bool) or not isinstance(batch_dims, int) or batch_dims < 0:
-        raise ValueError(f"`batch_dims` must be an int >= 0, got {batch_dims!r}.")
-    priority = torch.as_tensor(priority)
-    if priority.ndim <= batch_dims:
-        return priority
-    if not priority.is_floating_point():
-        priority = priority.to(torch.float64)
-    flat = priority.reshape(*priority.shape[:batch_dims], -1)
-    if reduction == "max":
-        return flat.amax(-1)
-    if reduction == "min":
-        return flat.amin(-1)
-    if reduction == "sum":
-        return flat.sum(-1)
-    if reduction == "mean":
-        return flat.mean(-1)
-    return flat.median(-1).values
-
-
-def _check_exponent(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"`{name}` must be a real number >= 0, got {value!r} ({type(value).__name__}).")
-    value = float(value)
-    if not (value >= 0 and math.isfinite(value)):
-        raise ValueError(f"`{name}` must be a finite number >= 0, got {value}.")
-    return value
-
-
-def _check_max_capacity(max_capacity) -> int:
-    if isinstance(max_capacity, bool) or not isinstance(max_capacity, (int, np.integer)):
-        raise TypeError(
-            f"`max_capacity` must be a positive int (the storage's max_size), got {max_capacity!r} "
-            f"({type(max_capacity).__name__})."
-        )
-    if max_capacity <= 0:
-        raise ValueError(
-            f"`max_capacity` must be a positive int (the storage's max_size), got {max_capacity}."
-        )
-    return int(max_capacity)
-
-
-def _check_dtype(dtype) -> torch.dtype:
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(
-            f"`dtype` must be a floating-point torch.dtype, got {dtype!r} ({type(dtype).__name__})."
-        )
-    if not dtype.is_floating_point:
-        raise ValueError(f"`dtype` must be a floating-point torch.dtype (e.g. torch.float), got {dtype}.")
-    return dtype
 
 
 class PrioritizedSampler(Sampler):
@@ -276,7 +201,7 @@ class PrioritizedSampler(Sampler):
         if self._written_end <= n:  # no priority past the stored items: whole-tree reductions suffice
             prefix = sum_tree._flat_prefix()
             total = float(prefix[-1])
-        else:  # priorities were set past len(storage) (update_priority accepts any position < max_capacity)
+        else:  # priorities were set past len(storage) (by a standalone sampler: update_priority without storage)
             prefix, total = None, sum_tree.query(0, n)
         if not total > 0:
             raise RuntimeError(
@@ -316,11 +241,20 @@ class PrioritizedSampler(Sampler):
                 did not insert) are skipped; when a position repeats, the last priority wins.
             priority: a number, or one priority per index (tensor of any real dtype, ndarray or sequence);
                 a tensor of shape ``[N, ...]`` is first reduced with ``reduction``. Must be finite and
-                ``>= 0``.
+                ``>= 0`` (see :func:`check_priorities`).
 
         Keyword Args:
             storage (Storage, optional): the storage indexed, needed to ravel per-dimension indices of
-                ``ndim > 1`` storages (remembered once seen). Defaults to ``None``.
+                ``ndim > 1`` storages (remembered once seen). When given, only written positions (below
+                ``len(storage)``) are accepted; without it (a standalone sampler), any position below
+                ``max_capacity``. Defaults to ``None``.
+
+        Raises:
+            IndexError: a position is out of range, or (with ``storage``) was never written: a priority
+                there would raise the default priority of the next written items.
+            ValueError: a priority is NaN, infinite or negative.
+
+        A refused call changes nothing.
         """
         flat = self._flat_index(index, storage)
         values = self._priority_values(priority, flat.size)
@@ -329,13 +263,12 @@ class PrioritizedSampler(Sampler):
             flat, values = flat[keep], values[keep]
         if not flat.size:
             return
-        top = values.max()
-        if not (values.min() >= 0 and top < np.inf):  # NaN fails both tests
-            bad = values[~((values >= 0) & (values < np.inf))][:3]
-            raise ValueError(f"`priority` must be finite and >= 0, got {bad.tolist()}.")
+        if storage is not None and end > len(storage):
+            self._refuse_unwritten(flat, len(storage))
+        check_priorities(values)
         flat, values = _last_wins(flat, values)
         self._write(flat, values, end)
-        self._track_max(flat, values, float(top))
+        self._track_max(flat, values, float(values.max()))
 
     def mark_update(self, index, *, storage=None) -> None:
         """Gives the written items at ``index`` the :attr:`default_priority` (``-1`` entries skipped)."""
@@ -501,6 +434,20 @@ class PrioritizedSampler(Sampler):
                 f"{self._max_capacity}: pass positions in [0, {self._max_capacity}) (or -1 to skip an entry)."
             )
         return keep, int(hi) + 1
+
+    def _refuse_unwritten(self, flat: np.ndarray, n: int) -> None:
+        """Raises for the positions at or past ``n`` (the stored items): they hold no data yet."""
+        bad = flat[flat >= n]
+        shown = bad[:3].tolist()
+        shape = self._storage_shape
+        if shape is not None and len(shape) > 1:  # cells of an ndim > 1 storage: show coordinates too
+            coords = np.stack(np.unravel_index(bad[:3], shape), -1).tolist()
+            shown = f"{coords} (flat positions {shown})"
+        raise IndexError(
+            f"`index` holds {bad.size} position(s) never written, e.g. {shown}: the storage holds {n} items "
+            f"(len(rb) == {n}). Priorities can only be set for stored items: pass positions in [0, {n}) (or -1 "
+            f"to skip an entry), e.g. the 'index' of a sampled batch. Nothing was changed."
+        )
 
     def _remember_shape(self, storage) -> None:
         if storage is not None and storage.ndim > 1:

@@ -14,7 +14,9 @@ Contract for subclasses:
 - ``__len__``, ``state_dict()``/``load_state_dict()``, ``_empty()``.
 
 Writers call :meth:`Storage.mark_update` after each write, which forwards the written index to every
-attached entity (the buffers that use the storage; they forward it to their sampler).
+attached entity (the buffers that use the storage; they forward it to their sampler). When a storage moves to
+shared memory (:meth:`share_memory_`), it calls ``entity.share_memory_()`` on each attached entity, so a buffer
+shares its writer's cursor from the same moment.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 
 from torchrl.data.replay_buffers._component import Component
+from torchrl.data.replay_buffers._shared import NULL_LOCK
 
 
 class Storage(Component, abc.ABC):
@@ -74,6 +77,27 @@ class Storage(Component, abc.ABC):
             return -n <= item < n
         item = torch.as_tensor(item)
         return bool(((item >= -n) & (item < n)).all()) if item.numel() else True
+
+    # -- sharing with other processes ---------------------------------------------------------------------------
+    @property
+    def is_shared(self) -> bool:
+        """Whether other processes holding a copy of this storage see its writes (``False`` here)."""
+        return False
+
+    @property
+    def write_lock(self):
+        """The context manager a writer holds around a write: a no-op for storages that are never shared."""
+        return NULL_LOCK
+
+    def check_write(self, data, n: int) -> CheckedWrite | None:
+        """Validates a batch of ``n`` items for a later :meth:`set`, without the write lock.
+
+        Writers of a shared storage call it before taking :attr:`write_lock`, so that the validation of one
+        process's write overlaps another process's write instead of lengthening the locked section; ``set``
+        then accepts the result in place of the data. ``None`` means nothing was prepared (the default, and
+        a storage that holds no data yet): pass the data itself to ``set``.
+        """
+        return None
 
     # -- entities notified of writes --------------------------------------------------------------------------
     def attach(self, buffer) -> None:
@@ -147,6 +171,18 @@ class Storage(Component, abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(max_size={self.max_size}, len={len(self)})"
+
+
+class CheckedWrite:
+    """A batch validated by :meth:`Storage.check_write`: ``data`` as given, ``encoded`` as the storage keeps it,
+    and ``layout``, the storage's layout it was checked against (a write re-checks when that changed)."""
+
+    __slots__ = ("data", "encoded", "layout")
+
+    def __init__(self, data, encoded, layout):
+        self.data = data
+        self.encoded = encoded
+        self.layout = layout
 
 
 def _check_max_size(max_size) -> int:

@@ -1,28 +1,24 @@
 """A storage whose tensors are memory-mapped files: :class:`LazyMemmapStorage`.
 
 Files use tensordict's memmap layout (``meta.json`` per level, one ``<key>.memmap`` per leaf) in
-``scratch_dir``, or in a temporary directory that this storage creates and removes when it is garbage
-collected or the process exits. Copies of the storage (pickle, DataLoader workers under fork, spawn or
-forkserver) re-open the same files: content is never copied, and a copy never removes the directory.
+``scratch_dir``, or in a temporary directory ``torchrl-memmap-<pid>-<random>`` that this storage creates and
+removes when it is garbage collected, at normal exit and on SIGTERM (see
+:mod:`torchrl.data.replay_buffers._cleanup`); SIGKILL leaves it, for
+:func:`~torchrl.data.cleanup_stale_scratch_dirs`. Copies of the storage (pickle, DataLoader workers under
+fork, spawn or forkserver) re-open the same files: content is never copied, and a copy never removes the
+directory.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import weakref
 from pathlib import Path
 
 import torch
 from tensordict import TensorDictBase
 
+from torchrl.data.replay_buffers._cleanup import make_scratch_dir, remove_owned_path
 from torchrl.data.replay_buffers.storages.tensor import LazyTensorStorage
-
-
-def _remove_dir(path: str, owner_pid: int) -> None:
-    if os.getpid() == owner_pid:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 class LazyMemmapStorage(LazyTensorStorage):
@@ -32,9 +28,10 @@ class LazyMemmapStorage(LazyTensorStorage):
         max_size (int): the capacity in items (cells for ``ndim > 1``).
 
     Keyword Args:
-        scratch_dir (str or path-like, optional): the directory of the memory-mapped files. ``None`` creates
-            a temporary directory, removed when the storage that created it is garbage collected or the
-            process exits. Defaults to ``None``.
+        scratch_dir (str or path-like, optional): the directory of the memory-mapped files, never removed
+            by the storage. ``None`` creates a directory ``torchrl-memmap-<pid>-<random>`` in
+            :func:`tempfile.gettempdir`, removed when the storage that created it is garbage collected, when
+            the process exits normally and when it receives SIGTERM. Defaults to ``None``.
         device (torch.device or str): must be ``"cpu"`` (memory maps live in host memory); move batches to
             an accelerator after sampling. Defaults to ``"cpu"``.
         ndim (int): how many leading dims index items. Defaults to ``1``.
@@ -43,6 +40,10 @@ class LazyMemmapStorage(LazyTensorStorage):
 
     .. note:: Pickling this storage (``pickle``, ``torch.save``, DataLoader workers) sends the path of its
         files, never their bytes. A copy in another process never removes the original's directory.
+
+    .. warning:: Nothing runs when the process is killed with SIGKILL (or crashes): its temporary directory
+        stays behind. :func:`~torchrl.data.cleanup_stale_scratch_dirs` removes those of dead processes; pass
+        ``scratch_dir`` to keep the files where you manage them.
 
     Examples:
         >>> import tempfile, torch
@@ -68,11 +69,12 @@ class LazyMemmapStorage(LazyTensorStorage):
         self.existsok = bool(existsok)
         self._memmap_dir: str | None = None
         self._owns_dir = False
+        self._make_shared()  # files are shared by every process that opens them: so are the counters
 
     def _allocate(self, item: TensorDictBase, rows: int) -> TensorDictBase:
         if self.scratch_dir is None:
-            path = tempfile.mkdtemp(prefix="torchrl-memmap-")
-            weakref.finalize(self, _remove_dir, path, os.getpid())
+            path = make_scratch_dir()  # registered: removed at exit and on SIGTERM, by this process only
+            weakref.finalize(self, remove_owned_path, path)
             self._owns_dir = True
         else:
             path = self.scratch_dir
@@ -91,13 +93,18 @@ class LazyMemmapStorage(LazyTensorStorage):
         return self._memmap_dir
 
     def share_memory_(self) -> LazyMemmapStorage:
-        """No-op: memory-mapped files are already shared between processes."""
+        """No-op: memory-mapped files and their counters are always shared between processes."""
         return self
 
     def __getstate__(self):
         state = super().__getstate__()
         state["_owns_dir"] = False
         return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        if not self.is_shared:  # a copy by value (pickle, torch.save): it shares the files, so its own counters
+            self._make_shared()
 
     def __repr__(self) -> str:
         return super().__repr__()[:-1] + f", scratch_dir={self._memmap_dir!r})"

@@ -11,15 +11,25 @@ revision live in shared memory (:class:`~torchrl.data.replay_buffers._shared.Sha
 from __future__ import annotations
 
 import math
+import os
+import time
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from torchrl.data.replay_buffers._shared import SharedCounters
+from torchrl.data.replay_buffers._shared import (
+    NULL_LOCK,
+    ProcessLock,
+    RowVersions,
+    SharedCounters,
+    is_spawning,
+)
+from torchrl.data.replay_buffers.storages._casts import check_cast
 from torchrl.data.replay_buffers.storages._codec import DataCodec, check_tensor_only
 from torchrl.data.replay_buffers.storages._index import as_index_tensor, check_bounds, check_int, is_int
-from torchrl.data.replay_buffers.storages.base import Storage, _check_max_size
+from torchrl.data.replay_buffers.storages.base import CheckedWrite, Storage, _check_max_size
 
 _COUNTERS = ("rows", "last_row", "revision")
 
@@ -42,6 +52,10 @@ class TensorStorage(Storage):
     Keyword Args:
         device (torch.device or str): where the data lives. Defaults to ``"cpu"``.
         ndim (int): how many leading dims index items (``2`` for ``[time, envs]`` data). Defaults to ``1``.
+        consistent_reads (bool): once the storage is shared with other processes, re-read the rows that a
+            concurrent write changed during a batch read, so that no sampled row mixes two writes (see
+            :ref:`the write and read guarantees <shared-writes>`). Costs a few microseconds per batch; only
+            shared CPU storages pay it. Defaults to ``True``.
 
     A storage built over preallocated data counts every row as filled: it wraps a dataset that can be sampled
     at once. A buffer writing into it starts at row 0 and overwrites the rows in turn.
@@ -57,8 +71,14 @@ class TensorStorage(Storage):
         tensor([0., 3.])
     """
 
-    def __init__(self, storage=None, max_size: int | None = None, *, device="cpu", ndim: int = 1):
+    def __init__(
+        self, storage=None, max_size: int | None = None, *, device="cpu", ndim: int = 1, consistent_reads: bool = True
+    ):
         self.ndim = _check_ndim(ndim)
+        self.consistent_reads = _check_bool("consistent_reads", consistent_reads)
+        self._lock: ProcessLock | None = None
+        self._versions: RowVersions | None = None
+        self._creator_pid = os.getpid()
         self.device = torch.device(device) if device not in (None, "auto") else device
         if storage is None and max_size is None:
             raise ValueError("Pass `storage` (a preallocated tensor/TensorDict) or `max_size`, or both.")
@@ -102,6 +122,8 @@ class TensorStorage(Storage):
             backing = backing.to(self.device)
         if self._share_on_init and backing.device.type == "cpu" and not backing.is_shared():
             backing.share_memory_()
+        if self._counters.is_shared and backing.device.type == "cpu":
+            self._versions = RowVersions(backing.batch_size[0])
         self._storage = backing
         self._codec = codec
         self._keys = list(backing.keys(include_nested=True, leaves_only=True))
@@ -125,9 +147,12 @@ class TensorStorage(Storage):
         item = td[0] if batched else td
         extra = item.batch_size[: self.ndim - 1]
         if item.batch_dims < self.ndim - 1:
+            lead = self.ndim if batched else self.ndim - 1
             raise ValueError(
-                f"A storage with ndim={self.ndim} needs data whose first {self.ndim - 1} dim(s) (after the "
-                f"batch dim) are shared by all leaves; got batch size {list(item.batch_size)}."
+                f"A storage with ndim={self.ndim} stores a grid of cells ([time, env] for ndim=2) and needs data "
+                f"whose first {lead} dim(s) are shared by all leaves; got data of batch size {list(td.batch_size)}. "
+                f"Write data with these leading dims (rb.extend takes [env, time, ...] batches with the default "
+                f"`dim_extend`=ndim - 1), or use a storage with ndim=1 for flat data."
             )
         item = item if item.batch_dims == self.ndim - 1 else _with_batch(item, extra)
         cells = math.prod(extra) if self.ndim > 1 else 1
@@ -165,10 +190,49 @@ class TensorStorage(Storage):
         return rows * math.prod(self._extra_shape) if self.ndim > 1 else rows
 
     # -- writes -------------------------------------------------------------------------------------------------
+    @property
+    def write_lock(self):
+        """The lock that serializes writes from every thread and process sharing this storage.
+
+        A :class:`~torchrl.data.replay_buffers._shared.ProcessLock` once the storage is shared (memory-mapped
+        storages always are), a no-op context manager before. :meth:`set` takes it; buffers hold it around a
+        whole write (writer cursor, storage rows, counters, sampler update).
+        """
+        lock = self._lock
+        return NULL_LOCK if lock is None else lock
+
     def set(self, cursor, data, *, set_cursor: bool = True) -> None:
-        """Writes ``data`` at ``cursor`` (an int for one item, an index for a batch)."""
+        """Writes ``data`` at ``cursor`` (an int for one item, an index for a batch).
+
+        The whole write is validated before any row is touched. On a shared storage it runs under
+        :attr:`write_lock`, and each written row is marked mid-write while it is copied (see
+        ``consistent_reads``).
+        """
+        lock = self._lock
+        if lock is None:
+            return self._write(cursor, data, set_cursor)
+        with lock:
+            return self._write(cursor, data, set_cursor)
+
+    def check_write(self, data, n: int) -> CheckedWrite | None:
+        if self._storage is None or self.ndim > 1:
+            return None
+        return CheckedWrite(data, self._encode_checked(data, batch=(n,)), self._keys)
+
+    def _write(self, cursor, data, set_cursor: bool) -> None:
+        checked = None
+        if isinstance(data, CheckedWrite):
+            checked = data if data.layout is self._keys else None  # re-checked if the layout changed since
+            data = data.data
         single = is_int(cursor)
         if self._storage is None:
+            if self._lock is not None and os.getpid() != self._creator_pid:
+                raise RuntimeError(
+                    f"This {type(self).__name__} is shared between processes but holds no data yet, and its first "
+                    f"write comes from process {os.getpid()}, not from the one that shared it: each process would "
+                    f"allocate its own tensors. Write a first batch (rb.extend) in the process that builds the "
+                    f"buffer before starting the other processes."
+                )
             self._init(data, batched=not single)
         # item assignment (set_cursor=False) may only overwrite filled rows; writers may also append
         rows = self._storage.batch_size[0] if set_cursor else self._counters["rows"]
@@ -177,22 +241,43 @@ class TensorStorage(Storage):
         if single:
             cursor = check_int(cursor, rows, "cursor")
             td = self._encode_checked(data, batch=())
+            versions = self._versions
+            if versions is not None:
+                versions.begin(cursor)
             for key in self._keys:
                 self._storage.get(key)[cursor].copy_(td.get(key), non_blocking=False)
+            if versions is not None:
+                versions.end()
             top = last = cursor
         elif isinstance(cursor, tuple):
             td = self._codec.encode(data, batch_dims=0)
+            versions = self._versions
+            written = None
+            if versions is not None:
+                written = np.unique(torch.as_tensor(cursor[0]).reshape(-1).numpy() % self._storage.batch_size[0])
+                versions.begin(written)
             self._storage[cursor] = td
+            if versions is not None:
+                versions.end()
             top = last = rows - 1
         else:
             index = check_bounds(as_index_tensor(cursor, device=self._storage.device), rows, "cursor")
-            td = self._encode_checked(data, batch=(index.numel(),))
+            if checked is not None and checked.encoded.batch_size[:1] == index.shape:
+                td = checked.encoded
+            else:
+                td = self._encode_checked(data, batch=(index.numel(),))
+            versions = self._versions
+            if versions is not None:
+                written = index.numpy()
+                versions.begin(written)
             for key in self._keys:
                 dst = self._storage.get(key)
                 src = td.get(key)
                 if src.dtype != dst.dtype or src.device != dst.device:
                     src = src.to(device=dst.device, dtype=dst.dtype)
                 dst.index_copy_(0, index, src)
+            if versions is not None:
+                versions.end()
             # the last row written is the newest (a wrapped write [8, 9, 0, 1] ends at row 1)
             top, last = (int(index.max()), int(index[-1])) if index.numel() else (-1, -1)
         counters = self._counters
@@ -203,7 +288,8 @@ class TensorStorage(Storage):
         counters["revision"] += 1
 
     def _encode_checked(self, data, batch: tuple[int, ...]) -> TensorDictBase:
-        """Encodes ``data`` and checks its keys and shapes against the backing before anything is written."""
+        """Encodes ``data`` and checks its keys, shapes and values against the backing before anything is
+        written: a value the cast to the stored dtype would change (see :func:`._casts.check_cast`) is refused."""
         batch_dims = len(batch) + self.ndim - 1
         try:
             td = self._codec.encode(data, batch_dims=batch_dims)
@@ -231,6 +317,9 @@ class TensorStorage(Storage):
                     f"{list(want)} ({'one item' if not batch else f'{batch[0]} items'} of shape "
                     f"{list(dst.shape[1:])}). Nothing was written."
                 )
+            if src.dtype != dst.dtype:  # refuse casts that would change values (7.9 or NaN into int64)
+                what = "The data written" if self._codec.kind == "tensor" else f"Entry {key!r} of the data written"
+                check_cast(src, dst.dtype, what)
         return td
 
     # -- reads --------------------------------------------------------------------------------------------------
@@ -255,16 +344,45 @@ class TensorStorage(Storage):
         if index is Ellipsis:
             return self._codec.decode(self._storage[:rows])
         index = check_bounds(as_index_tensor(index, device=self._storage.device), rows)
+        if self._versions is not None and self.consistent_reads:
+            return self._gather_consistent(self._storage, index, index.numpy())
         return self._gather(self._storage, index)
 
-    def _gather(self, backing: TensorDictBase, index: torch.Tensor):
+    def _select(self, backing: TensorDictBase, index: torch.Tensor):
+        """The rows ``index`` of ``backing``: a tensor for tensor data, else a TensorDict (not decoded)."""
         if self._codec.kind == "tensor":
             return backing.get("_tensor").index_select(0, index)
         n = index.numel()
-        out = backing.apply(
+        return backing.apply(
             lambda t: t.index_select(0, index), batch_size=[n, *backing.batch_size[1:]], device=backing.device
         )
-        return self._codec.decode(out)
+
+    def _gather(self, backing: TensorDictBase, index: torch.Tensor):
+        out = self._select(backing, index)
+        return out if self._codec.kind == "tensor" else self._codec.decode(out)
+
+    def _gather_consistent(self, backing: TensorDictBase, index: torch.Tensor, rows: np.ndarray):
+        """:meth:`_gather`, reading again the rows that a write touched during the read (see ``RowVersions``)."""
+        versions = self._versions
+        snapshot = versions.snapshot()
+        out = self._select(backing, index)
+        torn = versions.torn(snapshot, rows)
+        attempt, started = 0, None
+        while torn is not None and torn.any():
+            if started is None:
+                started = time.monotonic()
+            positions = np.flatnonzero(torn)
+            versions.wait(attempt, started, rows[positions])
+            attempt += 1
+            snapshot = versions.snapshot()
+            where = torch.from_numpy(positions)
+            out[where] = self._select(backing, index[where])
+            sub_torn = versions.torn(snapshot, rows[positions])
+            if sub_torn is None:
+                break
+            torn = np.zeros(rows.shape, dtype=bool)
+            torn[positions[sub_torn]] = True
+        return out if self._codec.kind == "tensor" else self._codec.decode(out)
 
     def _gather_cells(self, index: tuple, rows: int):
         """Reads cells given per-dimension index tensors (ndim > 1) through one flat gather."""
@@ -277,6 +395,8 @@ class TensorStorage(Storage):
         for d, idx in enumerate(parts):
             flat = flat * shape[d] + idx
         flat_backing = self._storage.reshape(-1, *self._storage.batch_size[self.ndim :])
+        if self._versions is not None and self.consistent_reads:
+            return self._gather_consistent(flat_backing, flat, parts[0].numpy())
         return self._gather(flat_backing, flat)
 
     def flatten(self) -> TensorStorage:
@@ -299,21 +419,43 @@ class TensorStorage(Storage):
             return -rows <= int(item) < rows
         return super().contains(item)
 
-    def share_memory_(self) -> TensorStorage:
-        """Moves the backing to shared memory (in place), so forked processes see later writes.
+    @property
+    def is_shared(self) -> bool:
+        """Whether the content and counters are shared with other processes (see :meth:`share_memory_`)."""
+        return self._counters.is_shared
 
-        On a lazy storage that holds no data yet, the backing is allocated in shared memory at the first write.
+    def share_memory_(self) -> TensorStorage:
+        """Moves the backing and the counters to shared memory (in place), so other processes see later writes.
+
+        On a lazy storage that holds no data yet, the backing is allocated in shared memory at the first write,
+        which must then come from the process that called this method. From then on writes take
+        :attr:`write_lock`, and the buffers using the storage share their writer's cursor too.
         """
         self._share_on_init = True
         if self._storage is not None and self._storage.device.type == "cpu" and not self._storage.is_shared():
             self._storage.share_memory_()
+        self._make_shared()
         return self
+
+    def _make_shared(self) -> None:
+        if self._counters.is_shared and self._lock is not None:
+            return
+        self._counters.share_memory_()
+        self._lock = ProcessLock()
+        self._creator_pid = os.getpid()
+        if self._storage is not None and self._storage.device.type == "cpu" and self._versions is None:
+            self._versions = RowVersions(self._storage.batch_size[0])
+        for entity in self._attached_entities:  # buffers share their writer's cursor from now on
+            share = getattr(entity, "share_memory_", None)
+            if share is not None:
+                share()
 
     # -- state --------------------------------------------------------------------------------------------------
     def _empty(self) -> None:
-        self._counters["rows"] = 0
-        self._counters["last_row"] = -1
-        self._counters["revision"] += 1
+        with self.write_lock:
+            self._counters["rows"] = 0
+            self._counters["last_row"] = -1
+            self._counters["revision"] += 1
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -336,11 +478,31 @@ class TensorStorage(Storage):
             rows = backing.batch_size[0]
             self._adopt(self._allocate(backing[0], rows), codec)
         _check_same_layout(self._storage, backing)
-        self._storage.update_(backing)
-        self._codec = codec
-        self._counters["rows"] = int(state_dict["_len"])
-        self._counters["last_row"] = int(state_dict.get("_last_row", int(state_dict["_len"]) - 1))
-        self._counters["revision"] += 1
+        with self.write_lock:
+            versions = self._versions
+            everything = slice(None)
+            if versions is not None:
+                versions.begin(everything)
+            self._storage.update_(backing)
+            if versions is not None:
+                versions.end()
+            self._codec = codec
+            self._counters["rows"] = int(state_dict["_len"])
+            self._counters["last_row"] = int(state_dict.get("_last_row", int(state_dict["_len"]) - 1))
+            self._counters["revision"] += 1
+
+    def __getstate__(self):
+        if is_spawning() and not self.is_shared:
+            # a process being started receives the content through shared memory anyway (torch's reducers):
+            # share the counters and the write lock with it too, so both see one length and one cursor
+            self.share_memory_()
+        return super().__getstate__()
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        if not self._counters.is_shared:  # a copy by value (pickle, torch.save): private from now on
+            self._lock = None
+            self._versions = None
 
     def __repr__(self) -> str:
         fields = "uninitialized" if self._storage is None else f"shape={list(self.shape)}"
@@ -367,8 +529,14 @@ class LazyTensorStorage(TensorStorage):
         torch.Size([2, 4])
     """
 
-    def __init__(self, max_size: int, *, device="cpu", ndim: int = 1):
-        super().__init__(None, max_size=max_size, device=device, ndim=ndim)
+    def __init__(self, max_size: int, *, device="cpu", ndim: int = 1, consistent_reads: bool = True):
+        super().__init__(None, max_size=max_size, device=device, ndim=ndim, consistent_reads=consistent_reads)
+
+
+def _check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"`{name}` must be a bool, got {value!r} ({type(value).__name__}).")
+    return value
 
 
 def _leading_shape(td: TensorDictBase) -> torch.Size:

@@ -26,8 +26,26 @@ class Writer(Component, abc.ABC):
     _rng: torch.Generator | None = None
 
     def register_storage(self, storage) -> None:
-        """Sets the storage this writer writes into."""
+        """Sets the storage this writer writes into (and shares the writer's cursor if the storage is shared)."""
         self._storage = storage
+        if storage.is_shared:
+            self.share_memory_()
+
+    def prepare(self, data):
+        """The part of a write that does not depend on where the data goes, run before the write lock.
+
+        Buffers call ``writer.extend(writer.prepare(data))``; the default returns ``data`` unchanged. A writer
+        of a shared storage can validate the batch here (:meth:`~torchrl.data.Storage.check_write`) so that
+        several writer processes overlap that work; ``extend`` accepts what ``prepare`` returned.
+        """
+        return data
+
+    def share_memory_(self) -> Writer:
+        """Moves the writer's cursor to shared memory, for a storage written by several processes.
+
+        A no-op for writers that keep no cursor.
+        """
+        return self
 
     def _require_storage(self):
         if self._storage is None:

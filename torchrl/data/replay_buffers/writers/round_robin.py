@@ -14,8 +14,9 @@ from torchrl.data.replay_buffers.writers.base import Writer, batch_len, take_las
 class RoundRobinWriter(Writer):
     """Writes at a cursor that wraps around the storage: once full, the oldest items are overwritten.
 
-    The cursor and the write count live in shared memory, like the storage counters, so a copy of the writer
-    in another process sees the same values.
+    Once the storage is shared with other processes (``shared=True``, memory-mapped storages, DataLoader
+    datasets), the cursor and the write count live in shared memory too, so every process writes at the same
+    cursor; a buffer holds the storage's write lock around each write.
 
     Examples:
         >>> import torch
@@ -33,6 +34,10 @@ class RoundRobinWriter(Writer):
     def __init__(self) -> None:
         self._counters = SharedCounters(("cursor", "write_count"))
 
+    def share_memory_(self) -> RoundRobinWriter:
+        self._counters.share_memory_()
+        return self
+
     @property
     def cursor(self) -> int:
         """The next row to write."""
@@ -44,11 +49,16 @@ class RoundRobinWriter(Writer):
         return self._counters["write_count"]
 
     def _prepare(self, data, index):
-        """Hook for subclasses to edit the data knowing where it goes (``index`` a row or row tensor)."""
+        """Hook for subclasses to edit the data knowing where it goes (``index`` a row or row tensor, or
+        ``None`` before the write lock, when :meth:`_place` fills it in later)."""
         return data
 
     def add(self, data):
         storage = self._require_storage()
+        with storage.write_lock:  # the cursor is read and moved under the lock that serializes writers
+            return self._add(storage, data)
+
+    def _add(self, storage, data):
         rows = storage._max_size_along_dim0(single_data=data)
         cursor = self._counters["cursor"] % rows
         storage.set(cursor, self._prepare(data, cursor))
@@ -58,11 +68,31 @@ class RoundRobinWriter(Writer):
         storage.mark_update(index)
         return index
 
+    def prepare(self, data):
+        """Validates a batch for a shared storage before the write lock (see :meth:`Writer.prepare`)."""
+        storage = self._require_storage()
+        if not storage.is_shared:
+            return data
+        n = batch_len(data)
+        if n == 0:
+            return data
+        rows = storage._max_size_along_dim0(batched_data=data)
+        kept = take_last(data, rows) if n > rows else data
+        checked = storage.check_write(self._prepare(kept, None), min(n, rows))
+        return data if checked is None else _Prepared(n, rows, checked)
+
     def extend(self, data) -> torch.Tensor:
         storage = self._require_storage()
+        if isinstance(data, _Prepared):
+            with storage.write_lock:
+                return self._extend_prepared(storage, data)
         n = batch_len(data)
         if n == 0:
             return torch.zeros((0,), dtype=torch.long)
+        with storage.write_lock:
+            return self._extend(storage, data, n)
+
+    def _extend(self, storage, data, n: int) -> torch.Tensor:
         rows = storage._max_size_along_dim0(batched_data=data)
         cursor = self._counters["cursor"] % rows
         index = (torch.arange(n) + cursor) % rows
@@ -72,6 +102,21 @@ class RoundRobinWriter(Writer):
         else:
             written = index
         storage.set(written, self._prepare(data, written))
+        return self._advance(storage, cursor, n, rows, index, written)
+
+    def _extend_prepared(self, storage, prepared: _Prepared) -> torch.Tensor:
+        n, rows = prepared.n, prepared.rows
+        cursor = self._counters["cursor"] % rows
+        index = (torch.arange(n) + cursor) % rows
+        written = index[-rows:] if n > rows else index
+        self._place(prepared.checked.data, written)
+        storage.set(written, prepared.checked)
+        return self._advance(storage, cursor, n, rows, index, written)
+
+    def _place(self, data, index) -> None:
+        """Hook for subclasses whose :meth:`_prepare` left a placeholder to fill once ``index`` is known."""
+
+    def _advance(self, storage, cursor: int, n: int, rows: int, index, written) -> torch.Tensor:
         self._counters["cursor"] = (cursor + n) % rows
         self._counters["write_count"] += n
         storage.mark_update(self._replicate_index(written))
@@ -112,8 +157,30 @@ class TensorDictRoundRobinWriter(RoundRobinWriter):
 
     def _prepare(self, data, index):
         if isinstance(data, TensorDictBase):
-            index = torch.as_tensor(index, dtype=torch.long, device=data.device)
-            if data.batch_dims > index.ndim:
-                index = index.reshape(*index.shape, *([1] * (data.batch_dims - index.ndim)))
-            data.set("index", index.expand(data.batch_size).clone())
+            if index is None:  # before the write lock: a placeholder that _place fills in
+                data.set("index", torch.zeros(data.batch_size, dtype=torch.long, device=data.device))
+                return data
+            data.set("index", self._index_entry(data, index))
         return data
+
+    def _place(self, data, index) -> None:
+        if isinstance(data, TensorDictBase):
+            data.get("index").copy_(self._index_entry(data, index))
+
+    @staticmethod
+    def _index_entry(data: TensorDictBase, index) -> torch.Tensor:
+        index = torch.as_tensor(index, dtype=torch.long, device=data.device)
+        if data.batch_dims > index.ndim:
+            index = index.reshape(*index.shape, *([1] * (data.batch_dims - index.ndim)))
+        return index.expand(data.batch_size).clone()
+
+
+class _Prepared:
+    """What :meth:`RoundRobinWriter.prepare` hands to :meth:`RoundRobinWriter.extend`."""
+
+    __slots__ = ("n", "rows", "checked")
+
+    def __init__(self, n: int, rows: int, checked):
+        self.n = n
+        self.rows = rows
+        self.checked = checked

@@ -1,0 +1,141 @@
+"""Priority values: :func:`check_priorities` (finite and ``>= 0``), :func:`reduce_priority` (one per item)
+and the argument checks of the prioritized samplers.
+
+Kept apart from :mod:`.prioritized` (the sampler and its trees), which re-exports the public helpers.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+import torch
+
+from torchrl.data.replay_buffers.samplers.segment_tree import _as_value_array
+
+REDUCTIONS = ("max", "min", "sum", "mean", "median")
+
+
+def _check_reduction(reduction) -> str:
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"`reduction` must be one of {list(REDUCTIONS)}, got {reduction!r}.")
+    return reduction
+
+
+def reduce_priority(priority, reduction: str = "max", *, batch_dims: int = 1) -> torch.Tensor:
+    """Reduces a priority tensor to one value per item over its trailing dims.
+
+    A TensorDict buffer reads priorities from an entry of the batch (e.g. ``"td_error"``) whose shape may
+    carry extra dims per item (a time axis, several critics); prioritized sampling needs one number per
+    item, obtained with ``reduction`` over every dim after the ``batch_dims`` leading ones.
+
+    Args:
+        priority (tensor, ndarray, sequence or number): the priorities, items along the leading dims.
+        reduction (str): one of ``"max"``, ``"min"``, ``"sum"``, ``"mean"``, ``"median"`` (the lower
+            median, as :func:`torch.median`). Defaults to ``"max"``.
+
+    Keyword Args:
+        batch_dims (int): how many leading dims index items. Defaults to ``1``.
+
+    Returns:
+        a tensor of shape ``priority.shape[:batch_dims]`` (``priority`` itself when it has no extra dim);
+        integer priorities are reduced as float64.
+
+    Examples:
+        >>> import torch
+        >>> reduce_priority(torch.tensor([[1.0, 3.0], [2.0, 0.0]]), "max")
+        tensor([3., 2.])
+        >>> reduce_priority(torch.tensor([[1.0, 3.0], [2.0, 0.0]]), "mean")
+        tensor([2., 1.])
+    """
+    _check_reduction(reduction)
+    if isinstance(batch_dims, bool) or not isinstance(batch_dims, int) or batch_dims < 0:
+        raise ValueError(f"`batch_dims` must be an int >= 0, got {batch_dims!r}.")
+    priority = torch.as_tensor(priority)
+    if priority.ndim <= batch_dims:
+        return priority
+    if not priority.is_floating_point():
+        priority = priority.to(torch.float64)
+    flat = priority.reshape(*priority.shape[:batch_dims], -1)
+    if reduction == "max":
+        return flat.amax(-1)
+    if reduction == "min":
+        return flat.amin(-1)
+    if reduction == "sum":
+        return flat.sum(-1)
+    if reduction == "mean":
+        return flat.mean(-1)
+    return flat.median(-1).values
+
+
+def _check_exponent(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`{name}` must be a real number >= 0, got {value!r} ({type(value).__name__}).")
+    value = float(value)
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"`{name}` must be a finite number >= 0, got {value}.")
+    return value
+
+
+def _check_max_capacity(max_capacity) -> int:
+    if isinstance(max_capacity, bool) or not isinstance(max_capacity, (int, np.integer)):
+        raise TypeError(
+            f"`max_capacity` must be a positive int (the storage's max_size), got {max_capacity!r} "
+            f"({type(max_capacity).__name__})."
+        )
+    if max_capacity <= 0:
+        raise ValueError(
+            f"`max_capacity` must be a positive int (the storage's max_size), got {max_capacity}."
+        )
+    return int(max_capacity)
+
+
+def check_priorities(priority, name: str = "priority", *, fix: str | None = None) -> np.ndarray:
+    """Checks that every priority is a finite number ``>= 0`` and returns them as a 1-D float64 array.
+
+    Prioritized sampling draws item ``i`` with probability ``(p_i + eps) ** alpha / sum_j ...``: a NaN, an
+    infinite or a negative ``p_i`` would poison the sums of every later draw, so priorities are refused before
+    anything is stored. :meth:`PrioritizedSampler.update_priority` and the TensorDict buffers (which read
+    priorities from their ``priority_key`` entry at ``extend``/``add``) both use this check.
+
+    Args:
+        priority (tensor, ndarray, sequence or number): the priorities.
+        name (str): how the error names them: an argument (``"priority"``) or a data entry (``"td_error"``).
+            Defaults to ``"priority"``.
+
+    Keyword Args:
+        fix (str, optional): what the error says to do instead. Defaults to a generic remedy.
+
+    Raises:
+        TypeError: ``priority`` is not real numbers (e.g. a bool or complex tensor).
+        ValueError: some priority is NaN, infinite or negative (the message shows up to 3 of them).
+
+    Examples:
+        >>> check_priorities([0.5, 2])
+        array([0.5, 2. ])
+        >>> check_priorities([1.0, float("nan"), -3.0], "td_error")
+        Traceback (most recent call last):
+        ...
+        ValueError: `td_error` must be finite and >= 0, got [nan, -3.0] (2 of 3 values): ...
+    """
+    values = _as_value_array(priority, name=name)
+    if values.size and not (values.min() >= 0 and values.max() < np.inf):  # NaN fails both tests
+        bad = values[~((values >= 0) & (values < np.inf))]
+        if fix is None:
+            fix = "pass finite priorities >= 0 (e.g. td_error.abs(), with NaN replaced). Nothing was changed."
+        raise ValueError(
+            f"`{name}` must be finite and >= 0, got {bad[:3].tolist()} ({bad.size} of {values.size} values): "
+            f"{fix}"
+        )
+    return values
+
+
+def _check_dtype(dtype) -> torch.dtype:
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(
+            f"`dtype` must be a floating-point torch.dtype, got {dtype!r} ({type(dtype).__name__})."
+        )
+    if not dtype.is_floating_point:
+        raise ValueError(f"`dtype` must be a floating-point torch.dtype (e.g. torch.float), got {dtype}.")
+    return dtype
