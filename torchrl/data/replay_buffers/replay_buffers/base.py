@@ -254,7 +254,12 @@ class ReplayBuffer:
         return self._transform.inv(data)
 
     def extend(self, data) -> torch.Tensor:
-        """Writes a batch (first dim = items, or ``dim_extend``) and returns the written indices."""
+        """Writes a batch (first dim = items, or ``dim_extend``) and returns the written indices.
+
+        The batch is validated before anything is stored (keys and shapes of the stored data, values the stored
+        dtypes can hold): a bad batch raises and leaves the buffer unchanged. On a shared buffer the write holds
+        the storage's :attr:`write_lock` (see :ref:`shared-writes`).
+        """
         data = self._as_stored_batch(data)
         if data is None:
             return torch.zeros((0,), dtype=torch.long)

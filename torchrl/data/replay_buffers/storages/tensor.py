@@ -204,7 +204,9 @@ class TensorStorage(Storage):
     def set(self, cursor, data, *, set_cursor: bool = True) -> None:
         """Writes ``data`` at ``cursor`` (an int for one item, an index for a batch).
 
-        The whole write is validated before any row is touched. On a shared storage it runs under
+        The whole write is validated before any row is touched: missing or extra keys, wrong shapes, and values
+        the stored dtype cannot hold (``7.9`` or ``NaN`` into an int64 entry, ``300`` into uint8) raise a
+        ``ValueError`` and nothing is written. On a shared storage it runs under
         :attr:`write_lock`, and each written row is marked mid-write while it is copied (see
         ``consistent_reads``).
         """
