@@ -14,7 +14,18 @@ median bandwidth of each side and the median of the per-round ratios (ours / num
   (which reads every byte); ``--cold`` evicts both files from the page cache first (``posix_fadvise(DONTNEED)``, this file
   only), otherwise reads come from the page cache;
 - ``loads (map only)``: ``read_checkpoint`` vs ``numpy.load(mmap_mode="r")``, both lazy: for information,
-  it has no target (a fixed cost of validation, not a bandwidth).
+  it has no target (a fixed cost of validation, not a bandwidth);
+- ``rb.loads, LazyTensorStorage``: ``rb.loads`` of a buffer of core transition data (observation, next
+  observation, action, reward, done, terminated) into a fresh ``LazyTensorStorage`` buffer vs ``numpy.load``
+  of the same leaves saved as ``.npy`` files (one per leaf); target >= 80% of numpy;
+- ``rb.loads, LazyMemmapStorage``: the same data into a fresh ``LazyMemmapStorage`` buffer whose
+  ``scratch_dir`` is another directory vs ``shutil.copyfile`` of the checkpoint's storage files into a fresh
+  directory (the same bytes, the same number of files: what any load into new files must at least do);
+  target >= 95% of the copy. Each side's new files are removed right after it is timed (untimed), so the
+  other side never waits for their writeback.
+
+The buffer rows are warm: each timed call is the second of two calls of the same side in a row (load the same
+checkpoint twice, time the second), unless ``--cold`` evicts every file read before each timed call.
 
 Then the peak resident memory added while a child process dumps a memory-mapped tensor of the same size
 (``VmHWM`` after a reset), ours vs ``numpy.save`` of a ``numpy.memmap``. Targets: dumps and loads at >= 70%
@@ -40,6 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from torchrl.data.replay_buffers.checkpointers import read_checkpoint, write_checkpoint  # noqa: E402
 
 TARGET = 0.70
+BUFFER_TARGETS = {"rb.loads, LazyTensorStorage": 0.80, "rb.loads, LazyMemmapStorage": 0.95}
 
 
 def _fsync_path(path: str) -> None:
@@ -110,6 +122,112 @@ def _bench(size: int, rounds: int, workdir: str, cold: bool) -> list[tuple[str, 
                 times.append(_timed(fn))
             record(name + (", cold" if cold else ", page cache"), *(times if ours_first else times[::-1]))
     return [(name, ours, theirs) for name, (ours, theirs) in rows.items()]
+
+
+def _transitions(size: int):
+    """A TensorDict of about ``size`` bytes of core transition data (float32 observations, bool flags)."""
+    from tensordict import TensorDict
+
+    obs = 64
+    row = 4 * (2 * obs + 8 + 1) + 2
+    n = max(1, size // row)
+    return TensorDict(
+        observation=torch.randn(n, obs),
+        next_observation=torch.randn(n, obs),
+        action=torch.randn(n, 8),
+        reward=torch.randn(n, 1),
+        done=torch.rand(n, 1) < 0.01,
+        terminated=torch.rand(n, 1) < 0.01,
+        batch_size=[n],
+    )
+
+
+def _files_under(folder: str) -> list[str]:
+    return sorted(os.path.join(d, f) for d, _, files in os.walk(folder) for f in files)
+
+
+def _bench_buffers(size: int, rounds: int, workdir: str, cold: bool) -> list[tuple[str, list[float], list[float]]]:
+    """``rb.loads`` into a LazyTensorStorage (vs numpy.load) and into a LazyMemmapStorage in another directory
+    (vs shutil.copyfile of the same files), the sides of each row alternating in order round by round."""
+    import gc
+
+    from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
+
+    data = _transitions(size)
+    n = data.batch_size[0]
+    ckpts = {}
+    for kind, make in (("tensor", lambda: LazyTensorStorage(n)),
+                       ("memmap", lambda: LazyMemmapStorage(n, scratch_dir=os.path.join(workdir, "mm-src")))):
+        rb = ReplayBuffer(storage=make(), batch_size=32)
+        rb.extend(data)
+        ckpts[kind] = os.path.join(workdir, f"rb-{kind}")
+        rb.dumps(ckpts[kind], fsync=False)
+        del rb
+        gc.collect()
+    shutil.rmtree(os.path.join(workdir, "mm-src"), ignore_errors=True)
+    np_dir = os.path.join(workdir, "npy")
+    os.makedirs(np_dir)
+    for i, (_, leaf) in enumerate(sorted(data.items(include_nested=True, leaves_only=True))):
+        np.save(os.path.join(np_dir, f"{i}.npy"), leaf.numpy())
+    del data
+    np_files = _files_under(np_dir)
+    storage_files = _files_under(os.path.join(ckpts["memmap"], "storage"))
+    nbytes = sum(os.path.getsize(f) for f in storage_files)
+    scratch = []
+
+    def fresh(name: str) -> str:
+        scratch.append(os.path.join(workdir, f"{name}-{len(scratch)}"))
+        return scratch[-1]
+
+    def load_tensor():
+        rb = ReplayBuffer(storage=LazyTensorStorage(n), batch_size=32)
+        rb.loads(ckpts["tensor"])
+
+    def load_numpy():
+        return [np.load(f) for f in np_files]
+
+    def load_memmap():
+        rb = ReplayBuffer(storage=LazyMemmapStorage(n, scratch_dir=fresh("mm-dst")), batch_size=32)
+        rb.loads(ckpts["memmap"])
+
+    def copy_files():
+        target = fresh("copy")
+        os.makedirs(target)
+        for f in storage_files:
+            shutil.copyfile(f, os.path.join(target, os.path.basename(f)))
+
+    cases = (
+        ("rb.loads, LazyTensorStorage", load_tensor, load_numpy, _files_under(ckpts["tensor"]), np_files),
+        ("rb.loads, LazyMemmapStorage", load_memmap, copy_files, _files_under(ckpts["memmap"]), storage_files),
+    )
+    rows = {name: ([], []) for name, *_ in cases}
+
+    def once(fn) -> float:
+        elapsed = _timed(fn)
+        gc.collect()  # frees the loaded buffer (and unmaps its files)
+        # removing the new files drops their dirty pages, so the next run does not pay for their writeback
+        for folder in scratch:
+            shutil.rmtree(folder, ignore_errors=True)
+        scratch.clear()
+        return elapsed
+
+    def run(fn, files) -> float:
+        """Warm: the second of two runs in a row. Cold: one run after evicting the files it reads."""
+        if cold:
+            for f in files:
+                _evict(f)
+        else:
+            once(fn)
+        return once(fn)
+
+    os.sync()  # the checkpoints and .npy files reach the disk now, not while a side is timed
+    for r in range(rounds):
+        for name, ours, theirs, ours_files, their_files in cases:
+            sides = [(ours, ours_files), (theirs, their_files)]
+            times = [run(*side) for side in (sides if r % 2 == 0 else sides[::-1])]
+            rows[name][0].append(times[0] if r % 2 == 0 else times[1])
+            rows[name][1].append(times[1] if r % 2 == 0 else times[0])
+    return [(name, ours, theirs, nbytes) for name, (ours, theirs) in rows.items()]
 
 
 def _rss_child(side: str, source: str, target: str, size: int) -> None:
@@ -183,6 +301,8 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--dir", default=None, help="where files go (default: the system temp dir)")
     parser.add_argument("--cold", action="store_true", help="evict the files from the page cache before reads")
+    parser.add_argument("--cases", choices=("all", "format", "buffers"), default="all",
+                        help="the format rows and peak RSS, the rb.loads rows, or both (default all)")
     parser.add_argument("--rss-child", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--buffer-rss-mb", type=int, default=None,
                         help="only measure the peak RSS that rb.dumps adds for a LazyMemmapStorage buffer of this size")
@@ -211,21 +331,29 @@ def main(argv=None) -> None:
         parser.error(f"`--size-mb` and `--rounds` must be positive; got {args.size_mb} and {args.rounds}.")
     size = args.size_mb << 20
     workdir = tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir)
+    rows, buffer_rows, rss = [], [], None
     try:
-        rows = _bench(size, args.rounds, workdir, args.cold)
-        rss = _peak_rss(size, workdir)
+        if args.cases in ("all", "format"):
+            rows = _bench(size, args.rounds, workdir, args.cold)
+            rss = _peak_rss(size, workdir)
+        if args.cases in ("all", "buffers"):
+            buffer_rows = _bench_buffers(size, args.rounds, workdir, args.cold)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"\n{args.size_mb} MiB, {args.rounds} rounds, in {args.dir or tempfile.gettempdir()}")
-    print(f"{'operation':<30} {'ours MB/s':>10} {'numpy MB/s':>11} {'ratio':>7} {'target':>7}  ok")
-    for name, ours, theirs in rows:
+    print(f"{'operation':<36} {'ours MB/s':>10} {'ref MB/s':>9} {'ratio':>7} {'target':>7}  ok  reference")
+    table = [(name, ours, theirs, size, "numpy") for name, ours, theirs in rows]
+    table += [(name, ours, theirs, nbytes, "numpy.load" if "Tensor" in name else "shutil.copyfile")
+              for name, ours, theirs, nbytes in buffer_rows]
+    for name, ours, theirs, nbytes, reference in table:
         ratio = statistics.median(t / o for o, t in zip(ours, theirs))
-        bw_ours, bw_np = (size / 1e6 / statistics.median(t) for t in (ours, theirs))
-        if "map only" in name:
-            print(f"{name:<30} {bw_ours:>10.0f} {bw_np:>11.0f} {ratio:>7.2f} {'-':>7}  -")
-            continue
-        check = "yes" if ratio >= TARGET else "NO"
-        print(f"{name:<30} {bw_ours:>10.0f} {bw_np:>11.0f} {ratio:>7.2f} {TARGET:>7.2f}  {check}")
+        bw_ours, bw_ref = (nbytes / 1e6 / statistics.median(t) for t in (ours, theirs))
+        target = None if "map only" in name else BUFFER_TARGETS.get(name, TARGET)
+        if "rb.loads" in name and not args.cold:
+            name += ", warm"
+        check = "-" if target is None else "yes" if ratio >= target else "NO"
+        target_text = "-" if target is None else f"{target:.2f}"
+        print(f"{name:<36} {bw_ours:>10.0f} {bw_ref:>9.0f} {ratio:>7.2f} {target_text:>7}  {check:<3} {reference}")
     if rss is not None:
         print(f"\npeak RSS added while dumping a {args.size_mb} MiB memmap (target <= 10% of its size):")
         for side, added in rss.items():

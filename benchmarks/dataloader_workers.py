@@ -8,13 +8,20 @@ R1`` is the ceiling for N workers. Also compares ``StorageDataset`` (one gather 
 same storage read through per-item ``__getitem__``, on 100k transitions of the core benchmark data
 (``obs: f32[84], action: i64, reward: f32, ("next", "obs"): f32[84], done: bool``).
 
+The transport table compares how worker processes send batches to the main process
+(``rb.as_dataset(transport=...)``): (a) ``"torch"``, torch's default, a new shared-memory segment per tensor;
+(b) ``"consolidated"``, one new segment per batch (``TensorDict.consolidate(share_memory=True)``); (c)
+``"ring"``, a per-worker ring of reusable slots. It prints ms per batch as the training loop sees it (2 workers),
+for the frames above and for the core data (batch 256, no transform), and each option's ratio to (a), the median
+of per-round ratios with the options interleaved in every round.
+
 The last table prices ``consistent_reads`` (the per-row version check that keeps a batch from mixing two
 writes, on by default for shared storages): ``rb.sample()`` time per batch with the check on and off, in
 alternating rounds, for the core data (batch 256, shared ``LazyTensorStorage``) and the frames above through 2
 workers.
 
 Run: ``python benchmarks/dataloader_workers.py [--seconds 3] [--size 10000] [--rounds 3]``
-(``--only-consistent-reads`` prints the last table alone)
+(``--only-consistent-reads`` / ``--only-transport`` print that table alone)
 """
 
 from __future__ import annotations
@@ -57,11 +64,11 @@ def rate_in_process(rb, seconds: float, threads: int = 1) -> float:
         torch.set_num_threads(previous)
 
 
-def rate_loader(rb, workers: int, seconds: float) -> float:
+def rate_loader(rb, workers: int, seconds: float, transport: str = "ring") -> float:
     kwargs = {"num_workers": workers}
     if workers:
         kwargs.update(multiprocessing_context="fork", timeout=120, prefetch_factor=4, persistent_workers=False)
-    loader = DataLoader(rb.as_dataset(), batch_size=None, collate_fn=tensordict_collate, **kwargs)
+    loader = DataLoader(rb.as_dataset(transport=transport), batch_size=None, collate_fn=tensordict_collate, **kwargs)
     it = iter(loader)
     for _ in range(max(2, 2 * workers)):  # warm up: workers started and queues full
         next(it)
@@ -108,12 +115,39 @@ def sample_time_us(rb, seconds: float) -> float:
     return (time.perf_counter() - start) / n * 1e6
 
 
+def core_data(n: int) -> TensorDict:
+    return TensorDict(
+        {"obs": torch.randn(n, 84), "action": torch.randint(0, 4, (n,)), "reward": torch.randn(n),
+         ("next", "obs"): torch.randn(n, 84), "done": torch.zeros(n, dtype=torch.bool)}, batch_size=[n])
+
+
+TRANSPORTS = (("a", "torch"), ("b", "consolidated"), ("c", "ring"))
+
+
+def transport_table(frames_rb, seconds: float, rounds: int, workers: int = 2) -> None:
+    core = TensorDictReplayBuffer(storage=LazyTensorStorage(100_000), batch_size=256)
+    core.extend(core_data(100_000))
+    cases = {"frames 32x3x128x128 u8": frames_rb, "core batch 256": core}
+    ms: dict[tuple[str, str], list[float]] = {}
+    for _ in range(rounds):
+        for case, rb in cases.items():
+            for _, transport in TRANSPORTS:  # interleaved: every round measures every option
+                ms.setdefault((case, transport), []).append(1e3 / rate_loader(rb, workers, seconds, transport))
+    print(f"\nworker -> main transport, {workers} workers (ms per batch, medians; ratios of ms per batch, medians "
+          f"of per-round ratios)")
+    print(f"{'case':>24} {'option':>18} {'ms/batch':>9} {'batches/s':>10} {'vs (a)':>7} {'vs (b)':>7}")
+    for case in cases:
+        for label, transport in TRANSPORTS:
+            cell = ms[(case, transport)]
+            vs = [statistics.median(x / b for x, b in zip(cell, ms[(case, base)])) for base in ("torch", "consolidated")]
+            median = statistics.median(cell)
+            print(f"{case:>24} {f'({label}) {transport}':>18} {median:>9.2f} {1e3 / median:>10.1f} "
+                  f"{vs[0]:>6.2f}x {vs[1]:>6.2f}x")
+
+
 def consistent_reads_table(frames_rb, seconds: float, rounds: int) -> None:
     core = TensorDictReplayBuffer(storage=LazyTensorStorage(100_000), batch_size=256, shared=True)
-    n = 100_000
-    core.extend(TensorDict(
-        {"obs": torch.randn(n, 84), "action": torch.randint(0, 4, (n,)), "reward": torch.randn(n),
-         ("next", "obs"): torch.randn(n, 84), "done": torch.zeros(n, dtype=torch.bool)}, batch_size=[n]))
+    core.extend(core_data(100_000))
     cells: dict[tuple, list[float]] = {}
     for _ in range(rounds):
         for flag in (True, False):
@@ -136,11 +170,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are printed")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2, 4])
     parser.add_argument("--only-consistent-reads", action="store_true", help="print the last table alone")
+    parser.add_argument("--only-transport", action="store_true", help="print the transport table alone")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
     rb = make_buffer(args.size)
     if args.only_consistent_reads:
         consistent_reads_table(rb, args.seconds, args.rounds)
+        return
+    if args.only_transport:
+        transport_table(rb, args.seconds, args.rounds)
         return
     results: dict[str, list[float]] = {}
     for _ in range(args.rounds):  # interleave the sides of every ratio
@@ -157,9 +195,7 @@ def main() -> None:
 
     storage = LazyMemmapStorage(100_000)
     n = 100_000
-    storage.set(torch.arange(n), TensorDict(
-        {"obs": torch.randn(n, 84), "action": torch.randint(0, 4, (n,)), "reward": torch.randn(n),
-         ("next", "obs"): torch.randn(n, 84), "done": torch.zeros(n, dtype=torch.bool)}, batch_size=[n]))
+    storage.set(torch.arange(n), core_data(n))
     per_round = []
     for _ in range(args.rounds):
         fast = rate_storage_dataset(storage.as_dataset(), 256, args.seconds)
@@ -170,6 +206,7 @@ def main() -> None:
     ratio = statistics.median(f / s for f, s in per_round)
     print(f"\nStorageDataset batch 256: {fast:.1f} batches/s; per-item __getitem__: {slow:.1f} batches/s; "
           f"speed-up {ratio:.1f}x (median of per-round ratios)")
+    transport_table(rb, args.seconds, args.rounds)
     consistent_reads_table(rb, args.seconds, args.rounds)
 
 

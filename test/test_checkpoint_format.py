@@ -581,7 +581,7 @@ def test_memmap_write_and_read_do_not_grow_resident_memory(tmp_path):
 
 # -- components: storages, samplers, writers, buffers ---------------------------------------------------------------
 sys.path.insert(0, os.path.dirname(__file__))
-from _helpers import CASE_IDS, CASES, STORAGES, ids_of, make_batch, make_storage  # noqa: E402
+from _helpers import CASE_IDS, CASES, STORAGES, ids_of, make_batch, make_buffer  # noqa: E402
 
 from torchrl.data import (  # noqa: E402
     LazyMemmapStorage,
@@ -590,12 +590,10 @@ from torchrl.data import (  # noqa: E402
     PrioritizedSampler,
     RandomSampler,
     ReplayBuffer,
-    RoundRobinWriter,
     SamplerWithoutReplacement,
     SliceSampler,
     TensorDictMaxValueWriter,
     TensorDictReplayBuffer,
-    TensorDictRoundRobinWriter,
 )
 from torchrl.data.replay_buffers.checkpointers import (  # noqa: E402
     dump_component,
@@ -603,35 +601,19 @@ from torchrl.data.replay_buffers.checkpointers import (  # noqa: E402
     register_checkpoint_handler,
 )
 
-SAMPLER_FACTORIES = {
-    "random": RandomSampler,
-    "without_replacement": SamplerWithoutReplacement,
-    "prioritized": lambda: PrioritizedSampler(10, alpha=0.7, beta=0.5),
-}
+BUFFER_SAMPLERS = ("random", "without_replacement", "prioritized")
 
 
-def _buffer(storage: str, sampler: str, kind: str, writer: str, seed: int, capacity: int = 10):
-    cls, writer_obj = (
-        (TensorDictReplayBuffer, TensorDictRoundRobinWriter())
-        if writer == "tensordict_round_robin"
-        else (ReplayBuffer, RoundRobinWriter())
-    )
-    rb = cls(
-        storage=make_storage(storage, capacity, kind, writer),
-        sampler=SAMPLER_FACTORIES[sampler](),
-        writer=writer_obj,
-        batch_size=4,
-        generator=torch.Generator().manual_seed(seed),
-    )
-    rb.empty()
-    return rb
+def _buffer(storage: str, sampler: str, kind: str, writer: str, seed: int):
+    """An empty buffer of 10 items (see ``_helpers.make_buffer``) with a generator seeded with ``seed``."""
+    return make_buffer(storage, sampler, kind, writer, generator=torch.Generator().manual_seed(seed))
 
 
 def _next_ids(rb, kind: str, n: int = 3) -> list[list[int]]:
     return [ids_of(kind, rb.sample()).tolist() for _ in range(n)]
 
 
-@pytest.mark.parametrize("sampler", list(SAMPLER_FACTORIES))
+@pytest.mark.parametrize("sampler", BUFFER_SAMPLERS)
 @pytest.mark.parametrize("storage", STORAGES)
 @pytest.mark.parametrize("kind, writer", CASES, ids=CASE_IDS)
 def test_buffer_loaded_into_a_fresh_one_samples_and_writes_like_the_original(tmp_path, storage, sampler, kind, writer):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 
 import pytest
 import torch
+from _helpers import make_storage as _make_storage
 from tensordict import LazyStackedTensorDict, TensorDict
 from torch.utils.data import (
     BatchSampler,
@@ -20,9 +20,7 @@ from torch.utils.data import (
 )
 
 from torchrl.data import (
-    LazyMemmapStorage,
     LazyTensorStorage,
-    ListStorage,
     ReplayBuffer,
     ReplayBufferDataset,
     SamplerWithoutReplacement,
@@ -37,20 +35,9 @@ TIMEOUT = 60  # DataLoader timeout: a deadlock fails instead of hanging
 N = 64
 
 
-def make_storage(kind: str, tmp_path=None, capacity: int = 256):
-    if kind == "list":
-        return ListStorage(capacity)
-    if kind == "tensor":
-        zeros = torch.zeros(capacity, dtype=torch.long)
-        storage = TensorStorage(TensorDict(obs=torch.zeros(capacity, 3), idx=zeros, index=zeros.clone(),
-                                           batch_size=[capacity]))
-        storage._empty()  # preallocated rows count as data: start empty like the other storages
-        return storage
-    if kind == "lazy":
-        return LazyTensorStorage(capacity)
-    if kind == "memmap":
-        return LazyMemmapStorage(capacity)
-    raise ValueError(kind)
+def make_storage(kind: str, capacity: int = 256):
+    """An empty storage of ``kind`` (see ``_helpers.make_storage``); a preallocated one fits :func:`make_data`."""
+    return _make_storage(kind, capacity, template=make_data(capacity, with_index=True))
 
 
 def make_data(n: int, start: int = 0, with_index: bool = False) -> TensorDict:
@@ -407,13 +394,6 @@ def test_stateful_storage_is_refused_with_workers():
     assert_loader_raises(loader, RuntimeError, "storage StreamStorage")
 
 
-@pytest.mark.parametrize("num_workers", [0, 1])
-def test_default_convert_mistake_fails_with_the_fix(num_workers):
-    rb = filled_buffer("lazy")
-    loader = DataLoader(rb.as_dataset(num_batches=2), batch_size=None, **loader_kwargs(num_workers, "fork"))
-    assert_loader_raises(loader, TypeError, "collate_fn=tensordict_collate")
-
-
 def test_tensor_batches_pass_default_convert():
     rb = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
     rb.extend(torch.arange(10))
@@ -463,117 +443,113 @@ def test_spawn_dataloader_pickling_regressions():
     assert not torch.equal(batches[0], batches[1])  # the two workers draw different streams
 
 
-# -- the worker transport of tensordict_collate -------------------------------------------------------------------
-def test_batch_ring_round_trip_and_slot_reuse():
-    from torchrl.data.replay_buffers import _worker_transport as wt
+# -- the public hooks: a user's own datasets ---------------------------------------------------------------------
+def test_adapters_live_beside_what_they_adapt_and_keep_their_import_paths():
+    import torchrl.data.replay_buffers as rbs
+    from torchrl.data.replay_buffers import dataloader
+    from torchrl.data.replay_buffers.replay_buffers.dataset import ReplayBufferDataset as Beside
+    from torchrl.data.replay_buffers.storages.dataset import StorageDataset as StorageBeside
 
-    batch = make_data(8)
-    ring = wt.BatchRing.for_batch(batch)
-    messages = [ring.put(make_data(8, start=10 * i)) for i in range(ring.slots)]
-    assert all(m is not None for m in messages)
-    assert ring.put(batch) is None  # every slot in flight: the batch travels the ordinary way
-    received = pickle.loads(pickle.dumps(messages[0]))  # unpickling copies the slot out and frees it
-    assert isinstance(received, TensorDict) and received.batch_size == (8,)
-    assert received["idx"].tolist() == list(range(8))
-    assert (received["obs"][:, 0] == received["idx"].float()).all()
-    again = ring.put(make_data(8, start=100))  # the freed slot is reused
-    assert again is not None
-    assert pickle.loads(pickle.dumps(again))["idx"].tolist() == list(range(100, 108))
-    assert pickle.loads(pickle.dumps(messages[1]))["idx"].tolist() == list(range(10, 18))  # untouched
+    assert ReplayBufferDataset is Beside is rbs.ReplayBufferDataset is dataloader.ReplayBufferDataset
+    assert StorageDataset is StorageBeside is rbs.StorageDataset is dataloader.StorageDataset
+    assert dataloader.tensordict_collate is tensordict_collate
 
 
-def test_batch_ring_refuses_what_it_cannot_carry():
-    from torchrl.data.replay_buffers import _worker_transport as wt
+class PidDataset(torch.utils.data.IterableDataset):
+    """A user's dataset over a buffer, built on the buffer's public hooks only."""
 
-    ring = wt.BatchRing.for_batch(make_data(8))
-    assert ring.put(make_data(4)) is None  # another shape
-    assert ring.put(TensorDict(obs=torch.zeros(8, 3), batch_size=[8])) is None  # other keys
-    assert wt.BatchRing.for_batch(tensordict_collate([TensorDict(x=torch.zeros(2)),
-                                                      TensorDict(x=torch.zeros(3))])) is None  # lazy stack
-    assert wt.BatchRing.for_batch(TensorDict(x=torch.zeros(2), s="text", batch_size=[])) is None
-    tensor_ring = wt.BatchRing.for_batch(torch.arange(6).reshape(2, 3))
-    assert torch.equal(pickle.loads(pickle.dumps(tensor_ring.put(torch.ones(2, 3, dtype=torch.long)))),
-                       torch.ones(2, 3, dtype=torch.long))
+    def __init__(self, rb, n: int):
+        if rb.stateful_component() is not None:
+            raise RuntimeError(f"{rb.stateful_component()[0]} is stateful")
+        self.rb, self.n, self.ready = rb, n, False
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        if info is not None and not self.ready:
+            self.rb.prepare_worker_copy(info.seed)
+            self.ready = True
+        for _ in range(self.n):
+            yield self.rb.sample()
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-def test_worker_batches_use_the_ring_and_leave_no_file():
-    import glob
+def test_a_user_dataset_on_the_buffer_hooks_draws_distinct_reproducible_streams():
+    rb = filled_buffer("lazy", n=1000, generator=torch.Generator().manual_seed(0))
 
-    from torchrl.data.replay_buffers import _worker_transport as wt
+    def run(seed):
+        return _indices(DataLoader(PidDataset(rb, 2), batch_size=None, collate_fn=tensordict_collate,
+                                   num_workers=2, multiprocessing_context="fork", timeout=TIMEOUT,
+                                   generator=torch.Generator().manual_seed(seed)))
 
-    before = set(glob.glob("/dev/shm/torchrl-batch-ring-*"))
-    wt._mapped.clear()
-    rb = filled_buffer("memmap", n=64, batch_size=16)
-    batches = list(DataLoader(rb.as_dataset(num_batches=12), batch_size=None, collate_fn=tensordict_collate,
-                              **loader_kwargs(2, "fork")))
-    assert len(batches) == 12 and all(isinstance(b, TensorDict) for b in batches)
+    a = run(1)
+    assert len(a) == 4 and a[0] != a[1]  # the two workers were reseeded differently
+    assert a == run(1) and a != run(2)
+    with pytest.raises(RuntimeError, match="sampler is stateful"):
+        PidDataset(ReplayBuffer(sampler=SamplerWithoutReplacement(), batch_size=2), 1)
+
+
+def test_prepare_worker_copy_reseeds_and_turns_prefetch_off():
+    rb = filled_buffer("lazy", n=100, prefetch=2, generator=torch.Generator().manual_seed(0))
+    copy = pickle.loads(pickle.dumps(rb))
+    copy.prepare_worker_copy(seed=5)
+    first = copy.sample()["index"]
+    copy.prepare_worker_copy(seed=5)
+    assert torch.equal(copy.sample()["index"], first)
+    copy.sample()
+    assert len(copy._prefetch_queue) == 0  # no thread pool sampling ahead in a worker
+
+
+def test_stateful_component_names_the_sampler_or_the_storage():
+    assert filled_buffer("lazy").stateful_component() is None
+    name, sampler = ReplayBuffer(sampler=SamplerWithoutReplacement()).stateful_component()
+    assert name == "sampler" and isinstance(sampler, SamplerWithoutReplacement)
+
+    class StreamStorage(LazyTensorStorage):
+        requires_shared_state = True
+
+    assert ReplayBuffer(storage=StreamStorage(4)).stateful_component()[0] == "storage"
+
+
+class Items(ReplayBufferDataset):
+    """A subclass on the dataset hooks: batches of 4 drawn, yielded one item at a time."""
+
+    refuse_stateful = False
+
+    def draw(self):
+        return self.replay_buffer.sample(4)
+
+    def items(self, batch):
+        yield from batch.unbind(0)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_dataset_subclass_on_draw_items_and_refuse_stateful(num_workers):
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100), sampler=SamplerWithoutReplacement())
+    rb.extend(make_data(16))  # no batch size: draw() is overridden, so the buffer's is not needed
+    ds = Items(rb, num_batches=4)
+    batches = list(DataLoader(ds, batch_size=4, collate_fn=tensordict_collate, **loader_kwargs(num_workers, "fork")))
+    assert [b.batch_size for b in batches] == [torch.Size([4])] * 4
     assert all((b["obs"][:, 0] == b["idx"].float()).all() for b in batches)
-    assert len(wt._mapped) == 2  # one ring per worker carried the batches
-    assert set(glob.glob("/dev/shm/torchrl-batch-ring-*")) == before  # removed when the workers exited
+    if num_workers == 0:  # one copy of the stateful sampler: one epoch covers every item once
+        assert sorted(torch.cat([b["idx"] for b in batches]).tolist()) == list(range(16))
 
 
-def test_collate_outside_the_dataloader_fetcher_never_sends_ring_messages():
-    # a buffer built with collate_fn=tensordict_collate samples in a worker: rb.sample() must return data
-    rb = ReplayBuffer(storage=ListStorage(32), batch_size=4, collate_fn=tensordict_collate)
-    rb.extend([TensorDict(x=torch.tensor(float(i))) for i in range(16)])
-    batches = list(DataLoader(rb.as_dataset(num_batches=4), batch_size=None, collate_fn=tensordict_collate,
-                              **loader_kwargs(1, "fork")))
-    assert all(isinstance(b, TensorDict) and b.batch_size == (4,) for b in batches)
+def test_replay_buffer_dataset_reads_any_object_with_the_buffer_hooks():
+    class Source:
+        storage, batch_size = None, 3
 
+        def sample(self):
+            return torch.zeros(3)
 
-def test_batch_ring_carries_every_dtype_nested_keys_and_views():
-    from torchrl.data.replay_buffers import _worker_transport as wt
+        def stateful_component(self):
+            return None
 
-    td = TensorDict({"b": torch.rand(4, 3) > 0.5, "h": torch.randn(4, 2).bfloat16(),
-                     ("n", "d"): torch.randn(4).double(), "e": torch.zeros(4, 0),
-                     "t": torch.randn(3, 4).t()}, batch_size=[4])  # "t" is a non-contiguous view
-    ring = wt.BatchRing.for_batch(td)
-    received = pickle.loads(pickle.dumps(ring.put(td)))
-    assert set(received.keys(True, True)) == set(td.keys(True, True))
-    assert all(torch.equal(received[k], td[k]) and received[k].dtype == td[k].dtype for k in td.keys(True, True))
+        def prepare_worker_copy(self, seed):
+            pass
 
-
-def test_a_message_whose_ring_is_gone_raises_instead_of_reading_zeros():
-    from torchrl.data.replay_buffers import _worker_transport as wt
-
-    ring = wt.BatchRing.for_batch(make_data(4))
-    message = pickle.dumps(ring.put(make_data(4)))
-    path = ring.path
-    del ring  # the ring is removed (as when its worker exits) before the message is received
-    import gc
-
-    gc.collect()
-    wt._mapped.pop(path, None)
-    with pytest.raises(RuntimeError, match="worker that sent it has exited"):
-        pickle.loads(message)
-    assert not os.path.exists(path)
-
-
-_KILL_WORKERS_SCRIPT = """
-import os, signal, torch
-from tensordict import TensorDict
-from torch.utils.data import DataLoader
-from torchrl.data import LazyTensorStorage, ReplayBuffer, tensordict_collate
-rb = ReplayBuffer(storage=LazyTensorStorage(100), batch_size=8)
-rb.extend(TensorDict(x=torch.arange(100.0), batch_size=[100]))
-it = iter(DataLoader(rb.as_dataset(), batch_size=None, num_workers=2, collate_fn=tensordict_collate,
-                     multiprocessing_context="fork"))
-for _ in range(4):
-    next(it)
-for worker in it._workers:
-    os.kill(worker.pid, signal.SIGKILL)
-"""
-
-
-@pytest.mark.multiprocess
-@pytest.mark.timeout(120)
-def test_rings_of_killed_workers_are_removed_when_the_main_process_exits():
-    import glob
-    import subprocess
-    import sys
-
-    before = set(glob.glob("/dev/shm/torchrl-batch-ring-*"))
-    subprocess.run([sys.executable, "-c", _KILL_WORKERS_SCRIPT], capture_output=True, timeout=100)
-    assert set(glob.glob("/dev/shm/torchrl-batch-ring-*")) <= before
+    assert [b.shape for b in ReplayBufferDataset(Source(), num_batches=2)] == [torch.Size([3])] * 2
+    with pytest.raises(TypeError, match=r"prepare_worker_copy\(seed\)\), got object"):
+        ReplayBufferDataset(object())

@@ -1,8 +1,9 @@
-"""The README, CI script, workflow and docs sources stay consistent with each other and with the package.
+"""The README, the CI script and the docs sources stay consistent with each other and with the package.
 
-What a newcomer reads first must work: the README opens with the two commands (run the demo, run the tests),
-CI runs that same test command, every path the README names exists, and every public name of
-``torchrl.data`` is documented on a reference page (whose examples CI runs as doctests).
+What a newcomer reads first must work: the README's two commands (run the demo, run the tests) install the
+pinned torch, CI runs that same test command, the quick start runs, every path the README names exists, and
+every public name of ``torchrl.data`` is documented on a reference page (whose examples CI runs as doctests).
+The wording and layout of the prose are not tested.
 """
 
 from __future__ import annotations
@@ -22,13 +23,11 @@ import torchrl.data
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 CI_RUN = ROOT / ".ci" / "run"
-WORKFLOW = ROOT / ".github" / "workflows" / "ci.yml"
 DOCS = ROOT / "docs" / "source"
 REFERENCE_PAGES = sorted((DOCS / "reference").glob("*.rst"))
 
 DEMO = "examples/replay-buffers/dataloader_behavior_cloning.py"
 VENV_PREFIX = "python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e "
-TORCH_PIN = "torch==2.13.0"
 
 
 def _read(path: Path) -> str:
@@ -71,19 +70,6 @@ def _pyproject_extras() -> dict[str, list[str]]:
 
 
 # -- README ---------------------------------------------------------------------------------------------------
-def test_readme_opens_with_title_paragraph_and_the_two_commands():
-    text = _read(README)
-    assert text.startswith("# "), "README.md must start with a title"
-    blocks = _fenced_blocks(text)
-    first_section = text.find("\n## ")
-    assert len(blocks) >= 2 and first_section > blocks[1][2], "the two commands come before the first section"
-    intro = text[: blocks[0][2]]
-    assert "```" not in intro and len(intro.split("\n\n")) >= 2, "a title and a paragraph come first"
-    for language, body, _ in blocks[:2]:
-        assert language in ("bash", "sh", "shell", "console"), f"command block in {language!r}, expected bash"
-        assert len(body.strip().splitlines()) == 1, f"each command is one line to copy, got {body!r}"
-
-
 @pytest.mark.parametrize("which", ["demo", "tests"])
 def test_readme_commands_install_from_scratch_with_pinned_torch(which):
     command = _readme_commands()[0 if which == "demo" else 1]
@@ -127,10 +113,6 @@ def test_readme_script_paths_exist(path):
     assert (ROOT / path).is_file(), f"README.md names {path}, which does not exist"
 
 
-def test_readme_names_the_demo():
-    assert DEMO in _readme_paths("examples/", ".py")
-
-
 @pytest.mark.parametrize("path", _readme_paths("docs/source/", ".rst"))
 def test_readme_docs_links_exist(path):
     assert (ROOT / path).is_file(), f"README.md links {path}, which does not exist"
@@ -148,10 +130,6 @@ def _readme_quickstart() -> str:
     return python_blocks[0]
 
 
-def test_readme_quickstart_is_short():
-    assert len(_readme_quickstart().strip().splitlines()) <= 15
-
-
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_readme_quickstart_runs(tmp_path):
@@ -164,47 +142,6 @@ def test_readme_quickstart_runs(tmp_path):
     lines = result.stdout.strip().splitlines()
     assert lines[-1] == "1000", f"one epoch of the storage dataset must visit the 1000 items, got {lines[-1:]}"
     assert lines[-2].count("torch.Size([256])") == 8, lines[-2]
-
-
-# -- CI script and workflow -----------------------------------------------------------------------------------
-def test_ci_script_is_strict_bash_and_parses():
-    ci = _read(CI_RUN)
-    assert ci.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in ci
-    subprocess.run(["bash", "-n", str(CI_RUN)], check=True, timeout=30)
-
-
-def test_ci_installs_pinned_torch_before_the_project():
-    ci = _read(CI_RUN)
-    torch_at = ci.find(f"install --quiet {TORCH_PIN}")
-    project_at = ci.find('install --quiet -e ".[$EXTRAS]"')
-    assert 0 <= torch_at < project_at, "pin torch first, alone, then install the project with its extras"
-
-
-@pytest.mark.parametrize(
-    "pattern",
-    [
-        r"^step .* ruff check \.$",
-        r"^step .* sphinx-build -W .*-b html docs/source ",
-        r"^step .* sphinx-build -W .*-b doctest docs/source ",
-        r"^step .* require_dir docs/source$",
-    ],
-)
-def test_ci_runs_lint_docs_and_doctests(pattern):
-    assert re.search(pattern, _read(CI_RUN), re.MULTILINE), f"no step matching {pattern!r} in .ci/run"
-
-
-@pytest.mark.parametrize("job", ["tests", "lint"])
-def test_workflow_has_the_job(job):
-    workflow = _read(WORKFLOW)
-    assert re.search(rf"^  {job}:\s*$", workflow, re.MULTILINE), f"ci.yml has no `{job}` job"
-    assert 'python-version: "3.11"' in workflow
-
-
-def test_workflow_runs_what_ci_runs():
-    workflow = _read(WORKFLOW)
-    assert "bash .ci/run" in workflow and "ruff check ." in workflow
-    for event in ("push", "pull_request"):
-        assert re.search(rf"^  {event}:", workflow, re.MULTILINE), f"ci.yml does not run on {event}"
 
 
 # -- docs sources ---------------------------------------------------------------------------------------------
@@ -248,11 +185,3 @@ def test_docs_conf_builds_offline_with_autodoc_napoleon_and_doctest():
     assert "sphinx.ext.intersphinx" not in extensions, "CI has no network: intersphinx cannot fetch inventories"
     assert conf["html_theme"] == "alabaster", "keep the default theme (no extra dependency)"
     assert conf["release"] == torchrl.__version__
-
-
-@pytest.mark.parametrize(
-    "section", ["Reading storages and buffers with torch.utils.data", "Storages as map-style datasets", "On-disk format"]
-)
-def test_docs_have_the_sections_users_look_for(section):
-    text = "\n".join(_read(page) for page in REFERENCE_PAGES)
-    assert re.search(rf"^{re.escape(section)}\n-+$", text, re.MULTILINE), f"no section {section!r}"

@@ -15,6 +15,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from _helpers import make_storage
 from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
@@ -51,10 +52,6 @@ def _make_buffer(kind: str, storage=None, *, alpha: float = 0.7, beta: float = 0
         sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps=eps, reduction=reduction)
         return TensorDictReplayBuffer(storage=storage, sampler=sampler, priority_key=priority_key, **kwargs)
     raise ValueError(f"unknown buffer kind {kind!r}")
-
-
-def _make_storage(name: str, capacity: int, **kwargs):
-    return ListStorage(capacity) if name == "list" else LazyTensorStorage(capacity, **kwargs)
 
 
 def _items(kind: str, start: int, n: int, priority=None, key="td_error"):
@@ -118,7 +115,7 @@ def _chi2(counts: np.ndarray, probs: np.ndarray) -> float:
 @pytest.mark.parametrize("storage", ["lazy", "list"])
 @pytest.mark.parametrize("kind", BUFFERS)
 def test_new_items_get_the_max_priority(kind, storage):
-    rb = _make_buffer(kind, _make_storage(storage, 20), batch_size=4)
+    rb = _make_buffer(kind, make_storage(storage, 20), batch_size=4)
     index = rb.extend(_items(kind, 0, 5))
     assert _close(_raw(rb), np.ones(5))  # nothing set yet: the default priority 1
     rb.update_priority(index, torch.tensor([0.5, 3.0, 1.0, 2.0, 0.1]))

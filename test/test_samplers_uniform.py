@@ -9,7 +9,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from _helpers import STORAGES, make_storage
+from _helpers import STORAGES, filled_storage, make_storage
 
 from torchrl.data import (
     LazyTensorStorage,
@@ -23,14 +23,6 @@ from torchrl.data import (
 from torchrl.data.replay_buffers.samplers.base import _REPLACEMENT_DISPATCH, check_batch_size
 
 storages = pytest.mark.parametrize("storage", STORAGES)
-
-
-def _storage(n: int, capacity: int = 20, name: str = "lazy"):
-    s = make_storage(name, capacity, "tensor")
-    if name == "tensor":
-        s._empty()
-    s.set(torch.arange(n), torch.arange(n).float().unsqueeze(-1).expand(n, 3).clone())
-    return s
 
 
 def _epoch(sampler, storage, batch_size):
@@ -50,7 +42,7 @@ def _epoch(sampler, storage, batch_size):
 
 @storages
 def test_random_sampler_draws_valid_indices(storage):
-    s = _storage(7, name=storage)
+    s = filled_storage(storage, "tensor", 7, capacity=20)
     index, info = RandomSampler().sample(s, 500)
     assert info == {} and index.dtype == torch.long and index.shape == (500,)
     assert index.min() >= 0 and index.max() < 7
@@ -89,7 +81,7 @@ def test_statefulness_flags():
 )
 @storages
 def test_each_index_is_visited_once_per_epoch(storage, n, batch_size, drop_last, sizes):
-    s = _storage(n, name=storage)
+    s = filled_storage(storage, "tensor", n, capacity=20)
     sampler = SamplerWithoutReplacement(drop_last=drop_last)
     for _ in range(3):  # three consecutive epochs
         batches = _epoch(sampler, s, batch_size)
@@ -103,14 +95,14 @@ def test_each_index_is_visited_once_per_epoch(storage, n, batch_size, drop_last,
 
 
 def test_shuffle_false_keeps_storage_order():
-    s = _storage(7)
+    s = filled_storage("lazy", "tensor", 7, capacity=20)
     sampler = SamplerWithoutReplacement(shuffle=False)
     assert _epoch(sampler, s, 3) == [[0, 1, 2], [3, 4, 5], [6]]
     assert _epoch(sampler, s, 3) == [[0, 1, 2], [3, 4, 5], [6]]
 
 
 def test_shuffled_epochs_differ():
-    s = _storage(20)
+    s = filled_storage("lazy", "tensor", 20, capacity=20)
     sampler = SamplerWithoutReplacement()
     sampler._rng = torch.Generator().manual_seed(0)
     first, second = _epoch(sampler, s, 20), _epoch(sampler, s, 20)
@@ -118,7 +110,7 @@ def test_shuffled_epochs_differ():
 
 
 def test_a_new_epoch_starts_when_the_storage_grows():
-    s = _storage(6)
+    s = filled_storage("lazy", "tensor", 6, capacity=20)
     sampler = SamplerWithoutReplacement(shuffle=False)
     assert sampler.sample(s, 4)[0].tolist() == [0, 1, 2, 3]
     s.set(torch.arange(6, 8), torch.zeros(2, 3))
@@ -127,7 +119,7 @@ def test_a_new_epoch_starts_when_the_storage_grows():
 
 
 def test_state_dict_resumes_mid_epoch():
-    s = _storage(10)
+    s = filled_storage("lazy", "tensor", 10, capacity=20)
     sampler = SamplerWithoutReplacement()
     sampler._rng = torch.Generator().manual_seed(3)
     first = sampler.sample(s, 4)[0].tolist()
@@ -139,7 +131,7 @@ def test_state_dict_resumes_mid_epoch():
 
 
 def test_empty_resets_the_epoch():
-    s = _storage(6)
+    s = filled_storage("lazy", "tensor", 6, capacity=20)
     sampler = SamplerWithoutReplacement(shuffle=False)
     sampler.sample(s, 4)
     sampler._empty()
@@ -147,7 +139,7 @@ def test_empty_resets_the_epoch():
 
 
 def test_drop_last_with_fewer_items_than_a_batch_is_refused():
-    s = _storage(3)
+    s = filled_storage("lazy", "tensor", 3, capacity=20)
     sampler = SamplerWithoutReplacement(drop_last=True)
     with pytest.raises(ValueError, match=r"`batch_size`=5 is larger than the 3 stored items.*drop_last=False"):
         sampler.sample(s, 5)
@@ -167,7 +159,7 @@ def test_sampling_an_empty_storage_says_to_add_data(cls, storage):
 @pytest.mark.parametrize("batch_size", [0, -1, 1.5, None, True, "3"])
 def test_bad_batch_size_names_the_argument(cls, batch_size):
     with pytest.raises(ValueError, match=r"`batch_size` must be a positive int.*Pass it to sample\(\)"):
-        cls().sample(_storage(4), batch_size)
+        cls().sample(filled_storage("lazy", "tensor", 4, capacity=20), batch_size)
 
 
 def test_check_batch_size_passes_positive_ints():
@@ -189,7 +181,7 @@ def test_sampler_base_class_is_abstract():
 
 @pytest.mark.parametrize("cls", [RandomSampler, SamplerWithoutReplacement])
 def test_draws_go_through_the_generator_only(cls):
-    s = _storage(15)
+    s = filled_storage("lazy", "tensor", 15, capacity=20)
     np_state = np.random.get_state()
     torch_state = torch.random.get_rng_state()
     draws = []
@@ -205,7 +197,7 @@ def test_draws_go_through_the_generator_only(cls):
 
 @pytest.mark.parametrize("cls", [RandomSampler, SamplerWithoutReplacement])
 def test_without_a_generator_draws_follow_torch_manual_seed(cls):
-    s = _storage(15)
+    s = filled_storage("lazy", "tensor", 15, capacity=20)
     np_state = np.random.get_state()
     draws = []
     for _ in range(2):
@@ -261,7 +253,7 @@ def test_random_sampler_replacement_false_builds_sampler_without_replacement(kwa
     assert type(sampler) is SamplerWithoutReplacement
     assert sampler.drop_last is kwargs.get("drop_last", False)
     assert sampler.shuffle is kwargs.get("shuffle", True)
-    seen = [i for batch in _epoch(sampler, _storage(7), 2) for i in batch]
+    seen = [i for batch in _epoch(sampler, filled_storage("lazy", "tensor", 7, capacity=20), 2) for i in batch]
     assert sorted(seen) == list(range(7 - 7 % 2 if sampler.drop_last else 7))
 
 
@@ -351,7 +343,7 @@ def test_signature_shows_the_constructor_arguments_not_the_dispatch():
     ids=["pickle", "deepcopy"],
 )
 def test_samplers_built_with_replacement_pickle_and_copy_mid_epoch(round_trip):
-    s = _storage(9)
+    s = filled_storage("lazy", "tensor", 9, capacity=20)
     sampler = RandomSampler(replacement=False, drop_last=True)
     sampler._rng = torch.Generator().manual_seed(4)
     sampler.sample(s, 2)

@@ -251,3 +251,50 @@ def test_scan_repairs_rounding_overshoots_onto_zero_leaves():
     tree.update(np.arange(5), [1.0, 0.0, 0.0, 2.0, 0.0])
     tree._scan = lambda v: np.array([2, 4, 0])  # what partial sums rounded past a positive leaf give
     assert tree.scan_lower_bound([1.0, 3.0, 0.5]).tolist() == [0, 3, 0]
+
+
+# -- the API the prioritized samplers use ----------------------------------------------------------------------
+@pytest.mark.parametrize("flat_level", FLAT_LEVELS)
+@pytest.mark.parametrize("end", [None, 6])
+def test_draw_follows_the_leaves_before_end_and_never_a_zero_leaf(flat_level, end):
+    tree = _tree(SumSegmentTree, 10, flat_level)
+    leaves = np.array([1.0, 0.0, 3.0, 0.0, 2.0, 4.0, 0.0, 0.0, 0.0, 0.0])
+    if end is not None:
+        leaves[8] = 5.0  # past `end`: never drawn
+    tree.update(np.arange(10), leaves)
+    u = torch.rand(20_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64).numpy()
+    index, values = tree.draw(u, end=end)
+    assert index.dtype == np.int64 and np.array_equal(values, leaves[index])
+    counts = np.bincount(index, minlength=10)
+    kept = leaves[:6]
+    assert counts[6:].sum() == 0 and (counts[:6][kept == 0] == 0).all()
+    assert np.allclose(counts[:6] / counts.sum(), kept / kept.sum(), atol=0.02)
+
+
+def test_draw_returns_none_when_every_leaf_before_end_is_zero():
+    tree = SumSegmentTree(4)
+    assert tree.draw(np.array([0.5])) is None
+    tree.update([3], [1.0])
+    assert tree.draw(np.array([0.5]), end=3) is None
+    assert tree.draw(np.array([0.5]))[0].tolist() == [3]
+
+
+def test_values_is_a_read_only_view_that_follows_updates():
+    tree = MinSegmentTree(3)
+    values = tree.values
+    tree.update_unique(np.array([1]), np.array([2.0]))
+    assert values.tolist() == [np.inf, 2.0, np.inf] and len(values) == 3
+    with pytest.raises(ValueError):
+        values[0] = 1.0
+
+
+@pytest.mark.parametrize("cls", [SumSegmentTree, MinSegmentTree])
+def test_set_all_and_reduce_all_agree_with_update_and_query(cls):
+    values = np.array([3.0, 1.0, 4.0, 1.0, 5.0])
+    a, b = cls(5), cls(5)
+    a.set_all(values)
+    b.update(np.arange(5), values)
+    assert a[:].tolist() == b[:].tolist() and a.query(1, 4) == b.query(1, 4)
+    assert a.reduce_all() == pytest.approx(b.query())
+    with pytest.raises(ValueError, match="one per leaf"):
+        a.set_all(values[:3])

@@ -62,7 +62,7 @@ def ring_write(storage, data: TensorDict, cursor: int, split_wrap: bool = True) 
 
 def reference_runs(storage, key: str, is_done: bool) -> dict:
     """Brute-force trajectories: maps (row, col) -> (run id, position in run), walking rows in time order."""
-    n = storage._rows_written()
+    n = storage.rows_written()
     last = storage._counters["last_row"]
     order = list(range(last + 1, n)) + list(range(last + 1)) if storage._is_full else list(range(n))
     data = storage.get(slice(None))

@@ -8,20 +8,23 @@ import os
 import numpy as np
 import pytest
 import torch
-from _helpers import KINDS, STORAGES, TENSOR_STORAGES, ids_of, make_batch, make_item, make_storage
+from _helpers import (
+    KINDS,
+    STORAGES,
+    TENSOR_STORAGES,
+    filled_storage,
+    ids_of,
+    make_batch,
+    make_item,
+    make_storage,
+)
 from tensordict import TensorDict
 
-from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ListStorage, Storage, TensorStorage
+from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ListStorage, TensorStorage
 
 kinds = pytest.mark.parametrize("kind", KINDS)
 storages = pytest.mark.parametrize("storage", STORAGES)
 tensor_storages = pytest.mark.parametrize("storage", TENSOR_STORAGES)
-
-
-def _filled(storage: str, kind: str, n: int = 6, capacity: int = 10) -> Storage:
-    s = make_storage(storage, capacity, kind)
-    s.set(torch.arange(n), make_batch(kind, 0, n))
-    return s
 
 
 def _collated(kind, out):
@@ -37,7 +40,7 @@ def _collated(kind, out):
 @kinds
 @storages
 def test_set_then_get_round_trips_every_kind(storage, kind):
-    s = _filled(storage, kind)
+    s = filled_storage(storage, kind)
     assert len(s) == 6
     assert ids_of(kind, _collated(kind, s.get(torch.tensor([4, 1, 1])))).tolist() == [4, 1, 1]
     assert ids_of(kind, s.get(2)).item() == 2
@@ -65,7 +68,7 @@ def test_set_then_get_round_trips_every_kind(storage, kind):
     ],
 )
 def test_get_accepts_every_index_type(storage, index, expected):
-    s = _filled(storage, "tensor")
+    s = filled_storage(storage, "tensor")
     out = s.get(index)
     ids = ids_of("tensor", _collated("tensor", out)).reshape(-1)
     assert ids.tolist() == expected
@@ -73,7 +76,7 @@ def test_get_accepts_every_index_type(storage, index, expected):
 
 @storages
 def test_iter_contains_and_len(storage):
-    s = _filled(storage, "tensordict", n=4)
+    s = filled_storage(storage, "tensordict", n=4)
     assert [ids_of("tensordict", item).item() for item in s] == [0, 1, 2, 3]
     assert 3 in s and -4 in s
     assert 4 not in s and -5 not in s
@@ -83,7 +86,7 @@ def test_iter_contains_and_len(storage):
 
 @tensor_storages
 def test_tensor_storages_gather_batches_as_one_tensor(storage):
-    s = _filled(storage, "tensordict")
+    s = filled_storage(storage, "tensordict")
     out = s.get(torch.tensor([1, 3]))
     assert isinstance(out, TensorDict) and out.batch_size == torch.Size([2])
     assert s.get(torch.tensor([], dtype=torch.long)).batch_size == torch.Size([0])
@@ -110,7 +113,7 @@ def test_uint8_frames_round_trip(storage):
 
 @tensor_storages
 def test_empty_keeps_allocation_and_resets_length(storage):
-    s = _filled(storage, "tensordict")
+    s = filled_storage(storage, "tensordict")
     s._empty()
     assert len(s) == 0
     with pytest.raises(IndexError, match="out of range"):
@@ -120,11 +123,11 @@ def test_empty_keeps_allocation_and_resets_length(storage):
 
 
 def test_counters_are_shared_exactly_when_the_content_is_and_state_dict_holds_plain_values():
-    s = _filled("lazy", "tensor")
+    s = filled_storage("lazy", "tensor")
     assert not s.is_shared and not s._counters.is_shared
     s.share_memory_()
     assert s.is_shared and s._counters.is_shared and s._storage.is_shared()
-    assert _filled("memmap", "tensor").is_shared
+    assert filled_storage("memmap", "tensor").is_shared
     state = s.state_dict()
     assert isinstance(state["_len"], int) and state["_len"] == 6
     assert isinstance(state["_last_row"], int) and state["_last_row"] == 5
@@ -133,7 +136,7 @@ def test_counters_are_shared_exactly_when_the_content_is_and_state_dict_holds_pl
 @kinds
 @storages
 def test_storage_state_dict_round_trip_into_a_fresh_storage(storage, kind):
-    s = _filled(storage, kind)
+    s = filled_storage(storage, kind)
     fresh = make_storage(storage, 10, kind)
     fresh.load_state_dict(s.state_dict())
     assert len(fresh) == 6
@@ -143,7 +146,7 @@ def test_storage_state_dict_round_trip_into_a_fresh_storage(storage, kind):
 
 
 def test_load_state_dict_of_another_layout_is_refused():
-    s = _filled("lazy", "tensordict")
+    s = filled_storage("lazy", "tensordict")
     other = LazyTensorStorage(10)
     other.set(torch.arange(2), TensorDict(x=torch.zeros(2), batch_size=[2]))
     before = other.get(torch.arange(2))["x"].clone()
@@ -183,7 +186,7 @@ def test_ndim2_storage_counts_cells_and_reads_per_dim_indices(cls):
         _ = s.shape
     data = torch.arange(12).reshape(3, 4)  # 3 rows of 4 envs
     s.set(torch.arange(3), data)
-    assert tuple(s.shape) == (5, 4) and len(s) == 12 and s._rows_written() == 3
+    assert tuple(s.shape) == (5, 4) and len(s) == 12 and s.rows_written() == 3
     rows, envs = torch.tensor([0, 2, 1]), torch.tensor([3, 0, 1])
     assert s.get((rows, envs)).tolist() == [3, 8, 5]
     assert s.get(1).tolist() == [4, 5, 6, 7]
@@ -278,7 +281,7 @@ def test_ndim_below_one_is_refused(ndim):
         lambda: LazyMemmapStorage(10, ndim=ndim),
         lambda: TensorStorage(torch.zeros(4, 2), ndim=ndim),
     ):
-        with pytest.raises(ValueError, match=r"`ndim` must be an int >= 1"):
+        with pytest.raises(ValueError, match=r"`ndim` must be a positive int"):
             build()
 
 
@@ -290,7 +293,7 @@ def test_reading_an_uninitialized_storage_says_to_write_first(cls):
 
 @storages
 def test_out_of_range_reads_name_the_valid_positions(storage):
-    s = _filled(storage, "tensor", n=4)
+    s = filled_storage(storage, "tensor", n=4)
     for index in (4, -5, torch.tensor([1, 4]), [-5]):
         with pytest.raises(IndexError, match=r"out of range.*0\.\.3"):
             s.get(index)
@@ -298,14 +301,14 @@ def test_out_of_range_reads_name_the_valid_positions(storage):
 
 @storages
 def test_float_indices_are_a_type_error(storage):
-    s = _filled(storage, "tensor", n=4)
+    s = filled_storage(storage, "tensor", n=4)
     with pytest.raises(TypeError, match="must be integers"):
         s.get(torch.tensor([0.5]))
 
 
 @storages
 def test_writes_out_of_range_change_nothing(storage):
-    s = _filled(storage, "tensor", n=4, capacity=6)
+    s = filled_storage(storage, "tensor", n=4, capacity=6)
     before = ids_of("tensor", _collated("tensor", s.get(list(range(4))))).tolist()
     with pytest.raises(IndexError):
         s.set(torch.tensor([1, 6]), make_batch("tensor", 40, 2))
@@ -315,7 +318,7 @@ def test_writes_out_of_range_change_nothing(storage):
 
 @pytest.mark.parametrize("data", [TensorDict(obs=torch.zeros(2, 3), batch_size=[2]), "text", 3.0])
 def test_writing_another_kind_into_a_tensor_storage_is_a_type_error(data):
-    s = _filled("lazy", "tensor")
+    s = filled_storage("lazy", "tensor")
     with pytest.raises(TypeError, match="holds tensors"):
         s.set(torch.arange(2), data)
     assert len(s) == 6
@@ -327,3 +330,29 @@ def test_lazy_storage_refuses_non_tensor_data_at_first_write(data):
     with pytest.raises(TypeError, match=r"(tensors, TensorDicts, tensorclasses or pytrees|must be a tensor)"):
         s.set(0, data)
     assert not s.initialized
+
+
+# -- what readers other than get() use (slice samplers) ---------------------------------------------------------
+@storages
+def test_ring_layout_accessors_follow_writes(storage):
+    s = make_storage(storage, 4, "tensordict")
+    revision = s.write_revision
+    s.set(torch.arange(3), make_batch("tensordict", 0, 3))
+    assert s.rows_written() == 3 and s.last_written_row == 2
+    s.set(torch.tensor([3, 0]), make_batch("tensordict", 3, 2))  # wraps: row 0 is now the newest
+    assert s.rows_written() == 4
+    if storage == "list":  # keeps no write position nor revision
+        assert s.last_written_row == 3 and s.write_revision is None
+    else:
+        assert s.last_written_row == 0 and s.write_revision != revision
+
+
+@tensor_storages
+def test_get_entry_is_a_view_of_one_entry_or_none(storage):
+    s = filled_storage(storage, "tensordict", n=4)
+    column = s.get_entry(("next", "obs"))
+    assert column.shape[0] == 10  # every row of the backing; rows from rows_written() on hold no data
+    assert torch.equal(column[:4, 0], torch.arange(4.0) + 0.5)
+    assert s.get_entry("missing") is None and s.get_entry(("next", "missing")) is None
+    assert filled_storage(storage, "tensor").get_entry("obs") is None  # plain tensors hold no entries
+    assert LazyTensorStorage(3).get_entry("obs") is None  # nothing written yet

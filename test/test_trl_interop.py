@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from _helpers import make_storage
 from tensordict import TensorDict
 from torch.utils.data import DataLoader, IterableDataset
 
 from torchrl.data import (
-    LazyMemmapStorage,
     LazyTensorStorage,
     ListStorage,
     RandomSampler,
@@ -40,16 +40,6 @@ VOCAB = 64
 TIMEOUT = 60  # DataLoader timeout: a deadlock fails instead of hanging
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STORAGES = ["list", "lazy", "memmap"]
-
-
-def make_storage(kind: str, capacity: int = 64):
-    if kind == "list":
-        return ListStorage(capacity)
-    if kind == "lazy":
-        return LazyTensorStorage(capacity)
-    if kind == "memmap":
-        return LazyMemmapStorage(capacity)
-    raise ValueError(kind)
 
 
 def make_item(i: int, *, prompt: bool = False) -> TensorDict:
@@ -69,7 +59,7 @@ def make_item(i: int, *, prompt: bool = False) -> TensorDict:
 def make_buffer(storage: str = "list", n: int = 16, *, prompt: bool = False, sampler=None,
                 generator: torch.Generator | None = None) -> ReplayBuffer:
     """A buffer of ``n`` items with ids ``0 .. n - 1`` (added one by one for a list storage, extended otherwise)."""
-    rb = ReplayBuffer(storage=make_storage(storage), sampler=sampler, batch_size=4, generator=generator)
+    rb = ReplayBuffer(storage=make_storage(storage, 64), sampler=sampler, batch_size=4, generator=generator)
     if storage == "list":
         for i in range(n):
             rb.add(make_item(i, prompt=prompt))

@@ -18,7 +18,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchrl._files import write_file_atomically
+from torchrl._validation import is_int
 from torchrl.render.policy import MLPPolicy
 
 __all__ = [
@@ -75,23 +76,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: file.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _atomic_write(directory: Path, name: str, write) -> None:
-    """Writes ``directory / name`` through a temporary file renamed into place (no torn file on a crash)."""
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
-    try:
-        if hasattr(os, "fchmod"):  # mkstemp creates 0600 files; a checkpoint is meant to be shared
-            os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, directory / name)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _check_metadata(metadata) -> dict[str, Any]:
@@ -165,7 +149,7 @@ def save_policy_checkpoint(
     directory.mkdir(parents=True, exist_ok=True)
 
     state_dict = {key: value.detach().cpu().contiguous() for key, value in policy.state_dict().items()}
-    _atomic_write(directory, WEIGHTS_FILE, lambda file: torch.save(state_dict, file))
+    write_file_atomically(directory / WEIGHTS_FILE, lambda file: torch.save(state_dict, file))
     spec = {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
@@ -176,7 +160,7 @@ def save_policy_checkpoint(
         "torch_version": torch.__version__,
     }
     text = json.dumps(spec, indent=2, sort_keys=True, allow_nan=False) + "\n"
-    _atomic_write(directory, SPEC_FILE, lambda file: file.write(text.encode("utf-8")))
+    write_file_atomically(directory / SPEC_FILE, lambda file: file.write(text.encode("utf-8")))
     return directory
 
 
@@ -198,7 +182,7 @@ def _read_spec(directory: Path) -> dict[str, Any]:
             f"{str(spec_path)!r} describes another format ({found!r}); expected {FORMAT_NAME!r}."
         )
     version = spec.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+    if not is_int(version) or version < 1:
         raise CheckpointFormatError(f"{str(spec_path)!r} has an invalid format version {version!r}.")
     if version > FORMAT_VERSION:
         raise CheckpointFormatError(

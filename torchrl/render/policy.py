@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from torchrl._validation import check_positive_int
+
 __all__ = ["MLPPolicy", "ACTIVATIONS"]
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {
@@ -29,16 +31,10 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
 _CONFIG_KEYS = ("obs_dim", "num_actions", "hidden", "activation")
 
 
-def _check_positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
-    return int(value)
-
-
 def _check_hidden(hidden) -> tuple[int, ...]:
     if isinstance(hidden, (str, bytes)) or not isinstance(hidden, Sequence):
         raise TypeError(f"`hidden` must be a sequence of positive ints (e.g. (64, 64)), got {hidden!r}.")
-    return tuple(_check_positive_int("hidden", size) for size in hidden)
+    return tuple(check_positive_int("hidden", size, type_error=False) for size in hidden)
 
 
 def _check_activation(activation) -> str:
@@ -82,8 +78,8 @@ class MLPPolicy(nn.Module):
         activation: str = "tanh",
     ) -> None:
         super().__init__()
-        self.obs_dim = _check_positive_int("obs_dim", obs_dim)
-        self.num_actions = _check_positive_int("num_actions", num_actions)
+        self.obs_dim = check_positive_int("obs_dim", obs_dim, type_error=False)
+        self.num_actions = check_positive_int("num_actions", num_actions, type_error=False)
         self.hidden = _check_hidden(hidden)
         self.activation = _check_activation(activation)
         layers: list[nn.Module] = []

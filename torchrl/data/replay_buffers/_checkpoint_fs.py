@@ -23,6 +23,8 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator
 
+from torchrl._files import fsync_dir
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX
@@ -52,22 +54,6 @@ STEPS = (
 def step(name: str) -> None:
     if STEP_HOOK is not None:
         STEP_HOOK(name)
-
-
-# -- fsync ------------------------------------------------------------------------------------------------------
-def fsync_dir(path: str) -> None:
-    """Flushes a directory's entries to disk (no-op where directories cannot be opened, e.g. Windows)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError as err:  # some filesystems refuse fsync on directories
-        if err.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
-            raise
-    finally:
-        os.close(fd)
 
 
 # -- locks ------------------------------------------------------------------------------------------------------

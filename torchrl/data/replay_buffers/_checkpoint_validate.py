@@ -14,8 +14,8 @@ import os
 import zlib
 from typing import Any
 
-from torchrl.data.replay_buffers import _checkpoint_fs as _fs
-from torchrl.data.replay_buffers import _checkpoint_io as _io
+import torchrl.data.replay_buffers._checkpoint_fs as _fs
+import torchrl.data.replay_buffers._checkpoint_io as _io
 from torchrl.data.replay_buffers._checkpoint_io import CheckpointError
 
 SCHEMA_VERSION = 1

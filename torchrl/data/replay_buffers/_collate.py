@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from tensordict import collate as _td_collate
-from torch.utils.data import get_worker_info
 
 
 def stack_samples(batch: Any) -> Any:
@@ -25,10 +24,10 @@ def tensordict_collate(batch: Any) -> Any:
     :func:`torch.stack`; mappings and tuples element-wise.
 
     Use it as the ``collate_fn`` of a DataLoader over a replay buffer or a storage: torch's default collate
-    (and ``default_convert`` when ``batch_size=None``) cannot pass a TensorDict batch through. In DataLoader
-    workers it also sends dense CPU tensor and TensorDict batches through a per-worker ring of reusable
-    shared-memory slots instead of a new shared-memory segment per tensor and batch (see
-    :mod:`torchrl.data.replay_buffers._worker_transport`); the main process receives ordinary tensors.
+    (and ``default_convert`` when ``batch_size=None``) cannot pass a TensorDict batch through. It is a pure
+    function: how a batch travels from a worker process to the main process is chosen by the dataset (its
+    ``transport``), and wrapping this function (a lambda, :func:`functools.partial`) keeps that transport as
+    long as the wrapper returns the batch it is given.
 
     Args:
         batch: a collated batch, or a list of samples.
@@ -46,13 +45,4 @@ def tensordict_collate(batch: Any) -> Any:
         >>> tensordict_collate(td) is td
         True
     """
-    out = stack_samples(batch)
-    if get_worker_info() is not None:
-        from torchrl.data.replay_buffers._worker_transport import (
-            called_by_dataloader_fetcher,
-            send_from_worker,
-        )
-
-        if called_by_dataloader_fetcher(depth=2):
-            return send_from_worker(out)
-    return out
+    return stack_samples(batch)

@@ -1,11 +1,46 @@
-"""What storages, samplers and writers share: checkpoint methods and pickling without the generator."""
+"""What storages, samplers and writers share: their checkpoint part, ``dumps``/``loads``, and pickling without
+the buffer's generator."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+
+import torchrl.data.replay_buffers._persistence as _persistence
+from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
+
 
 class Component:
-    """Mixin of replay-buffer components: ``dumps``/``loads`` (and their aliases) and a pickled state that
-    leaves out the buffer's generator (``_rng``, re-installed by the buffer that owns the component)."""
+    """Mixin of replay-buffer components.
+
+    - ``dumps``/``loads`` (aliases ``dump``/``save``/``load``) save the component alone to a checkpoint
+      directory;
+    - ``checkpoint_part``/``check_checkpoint_part``/``load_checkpoint_part`` are its part of a checkpoint (the
+      protocol of :mod:`torchrl.data.replay_buffers._persistence`); the default saves ``state_dict()``;
+    - the pickled state leaves out the buffer's generator (``_rng``, re-installed by the buffer that owns the
+      component).
+    """
+
+    #: What the component is called in checkpoint error messages.
+    checkpoint_role: ClassVar[str] = "component"
+
+    def checkpoint_part(self, ctx: _persistence.PartContext) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """This component's tensors and JSON document in a checkpoint (default: its ``state_dict()``)."""
+        return _persistence.dump_state_part(self, ctx)
+
+    def check_checkpoint_part(
+        self, doc: dict, tensors: Mapping[str, torch.Tensor], ctx: _persistence.PartContext
+    ) -> None:
+        """Raises ``ValueError`` if the part ``doc`` does not fit this component; changes nothing."""
+        _persistence.check_state_part(self, doc, tensors, ctx)
+
+    def load_checkpoint_part(
+        self, doc: dict, tensors: Mapping[str, torch.Tensor], ctx: _persistence.PartContext
+    ) -> None:
+        """Restores the part ``doc`` checked by :meth:`check_checkpoint_part` (default: ``load_state_dict``)."""
+        _persistence.load_state_part(self, doc, tensors, ctx)
 
     def dumps(self, path, **kwargs) -> None:
         """Saves this component to the checkpoint directory ``path``.
@@ -13,19 +48,23 @@ class Component:
         The format is documented in :mod:`torchrl.data.replay_buffers.checkpointers`; keyword arguments
         (``fsync``, ``progress``) go to :func:`~torchrl.data.replay_buffers.checkpointers.dump_component`.
         """
-        from torchrl.data.replay_buffers.checkpointers import dump_component
-
         dump_component(self, path, **kwargs)
 
     def loads(self, path) -> None:
         """Loads a checkpoint written by :meth:`dumps` into this component (validated first)."""
-        from torchrl.data.replay_buffers.checkpointers import load_component
-
         load_component(self, path)
 
-    dump = dumps
-    save = dumps
-    load = loads
+    def dump(self, path, **kwargs) -> None:
+        """Alias of :meth:`dumps`."""
+        self.dumps(path, **kwargs)
+
+    def save(self, path, **kwargs) -> None:
+        """Alias of :meth:`dumps`."""
+        self.dumps(path, **kwargs)
+
+    def load(self, path) -> None:
+        """Alias of :meth:`loads`."""
+        self.loads(path)
 
     def __getstate__(self):
         state = self.__dict__.copy()

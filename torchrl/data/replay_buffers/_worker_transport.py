@@ -1,65 +1,101 @@
-"""Sending DataLoader batches from worker processes without a shared-memory allocation per batch.
+"""How DataLoader workers send batches to the main process: the ``transport`` of a dataset.
 
-torch sends every tensor of a worker's batch by moving its storage to a NEW shared-memory segment and
-passing a file descriptor to the main process: on a 2-core machine that costs ~0.5 ms per tensor (allocation,
-page faults, a socket round trip for the descriptor), as much as a quarter of the work of producing a batch
-of images. Here each worker instead keeps a ring of a few batch-sized slots in one anonymous shared-memory
-file (``memfd_create``: it has no name, in ``/dev/shm`` or anywhere), copies each batch into a free slot and
-sends a small :class:`_RingBatch` message; when the main process unpickles the message it maps the ring through
-the worker's descriptor (``/proc/<worker pid>/fd/<fd>``), copies the slot out into ordinary tensors and marks
-the slot free again.
+NOTE [worker transport]: a dataset (``StorageDataset``, ``ReplayBufferDataset``) owns its transport and applies
+it, through :func:`prepare_batch`, to each batch it hands to the DataLoader; ``tensordict_collate`` is a pure
+function and knows nothing of it. Three transports exist:
 
-Correctness does not depend on timing: a slot is reused only after the main process copied it out (a state
-word per slot in the same file), and a batch that does not fit the ring (another structure, non-CPU or
-lazily stacked data, or every slot still in flight) is returned as is and travels the ordinary way. A random
-token written in the ring's header and carried by each message rejects a descriptor path whose pid or fd
-number was reused. Nothing is left behind whatever happens to either process (normal exit, SIGTERM, SIGKILL
-before or after the first batch was read): the kernel frees the ring's memory once the worker's descriptor and
-every mapping of it are gone. Where ``memfd_create`` or ``/proc`` is missing, batches travel the ordinary way.
+- ``"torch"``: torch's own. Each tensor of a batch moves to a new shared-memory segment and its file descriptor
+  travels to the main process.
+- ``"consolidated"``: the dataset copies a dense TensorDict batch into ONE new shared-memory segment
+  (``TensorDict.consolidate(share_memory=True)``), which tensordict's pickler sends as one storage.
+- ``"ring"``: each worker keeps a ring of a few batch-sized slots in one anonymous shared-memory file
+  (``memfd_create``: no name in ``/dev/shm`` or anywhere); a batch is copied into a free slot when the worker's
+  queue pickles it, and travels as a small message; unpickling the message in the main process copies the slot
+  out into ordinary tensors and frees the slot. Nothing is allocated per batch once the ring exists.
+
+``benchmarks/dataloader_workers.py`` measures the three side by side; the default is the fastest.
+
+The ring is installed only where the dataset runs in a multiprocessing worker (``get_worker_info()`` is set and
+its ``worker_method``, where torch has it, is ``"multiprocessing"``): thread workers pickle nothing and get the
+batch itself. The dataset marks each batch it returns; the worker registers, through the public
+``multiprocessing.reduction.ForkingPickler.register``, a reducer for :class:`~tensordict.TensorDict` that sends
+a marked batch through the ring and passes anything else to the reducer that was registered before (tensordict's
+own). So a collate function that returns the dataset's batch (``tensordict_collate``, a lambda or
+``functools.partial`` around it) keeps the ring, and one that builds a new object falls back to torch's
+transport. Correctness never depends on timing: a slot is reused only after the main process copied it out (a
+state word per slot in the same file); a batch the ring cannot carry (another structure, non-CPU, lazily stacked
+or non-tensor data, every slot in flight) travels torch's way, and so does every batch where ``memfd_create`` or
+``/proc`` is missing. A random token in the ring's header, carried by each message, rejects a descriptor path
+whose pid or fd number was reused. The kernel frees a ring once the worker's descriptor and every mapping of it
+are gone, whatever happens to either process (normal exit, SIGTERM, SIGKILL).
 """
 
 from __future__ import annotations
 
 import collections
+import io
 import math
 import os
-import sys
 import threading
+import warnings
 import weakref
+from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 import torch
-from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
+from tensordict import NonTensorData, NonTensorStack, TensorDict
+from torch.utils.data import get_worker_info
 
+__all__ = ["TRANSPORTS", "DEFAULT_TRANSPORT", "check_transport", "in_process_worker", "prepare_batch"]
+
+TRANSPORTS = ("ring", "consolidated", "torch")
+DEFAULT_TRANSPORT = "ring"
 RING_SLOTS = 6
 _HEADER_BYTES = 64  # the ring's token (int64), padded
 _STATE_BYTES = 64  # one int64 state word per slot, padded
 _ALIGN = 64
-_FETCH_MODULE = "torch.utils.data._utils.fetch"
-_MAX_MAPPED = 16
+_PENDING = 16  # marked batches (weak references) a worker remembers until its queue pickles them
 
 
-def called_by_dataloader_fetcher(depth: int = 2) -> bool:
-    """Whether the caller's caller is torch's DataLoader fetcher (its ``fetch`` calls ``collate_fn``)."""
-    try:
-        frame = sys._getframe(depth)
-    except ValueError:  # pragma: no cover
-        return False
-    return frame.f_code.co_name == "fetch" and frame.f_globals.get("__name__") == _FETCH_MODULE
+def check_transport(transport) -> str:
+    """``transport`` if it names a transport, else a ``ValueError`` that lists them."""
+    if not isinstance(transport, str) or transport not in TRANSPORTS:
+        raise ValueError(
+            f"`transport` must be one of {', '.join(map(repr, TRANSPORTS))}, got {transport!r}. "
+            f"Use transport='torch' for torch's own per-tensor shared memory."
+        )
+    return transport
+
+
+def in_process_worker() -> bool:
+    """Whether this code runs in a DataLoader worker *process* (not the main process, not a thread worker)."""
+    info = get_worker_info()
+    return info is not None and getattr(info, "worker_method", "multiprocessing") == "multiprocessing"
+
+
+def prepare_batch(batch, transport: str):
+    """What a dataset hands to the DataLoader for ``batch`` under ``transport`` (see the module docstring).
+
+    Outside a worker process, and for ``"torch"``, ``batch`` itself; for ``"consolidated"``, a dense CPU
+    TensorDict consolidated into one shared segment; for ``"ring"``, ``batch`` itself, marked for the ring.
+    """
+    if transport == "torch" or not in_process_worker() or _leaves(batch) is None:
+        return batch
+    if transport == "consolidated":
+        return batch.consolidate(share_memory=True)
+    _SENDER.mark(batch)
+    return batch
 
 
 def _leaves(batch) -> list[tuple[object, torch.Tensor]] | None:
-    """``[(key, tensor)]`` of a dense CPU batch, or ``None`` when the ring cannot carry it."""
-    if isinstance(batch, torch.Tensor):
-        items = [(None, batch)]
-    elif type(batch) is TensorDict:
-        if any(isinstance(v, (NonTensorData, NonTensorStack)) for v in batch.values(include_nested=True)):
-            return None
-        items = list(batch.items(include_nested=True, leaves_only=True))
-    else:
+    """``[(key, tensor)]`` of a dense CPU TensorDict, or ``None`` when no transport here can carry it."""
+    if type(batch) is not TensorDict:
         return None
-    for _, tensor in items:
-        if type(tensor) is not torch.Tensor or tensor.device.type != "cpu" or tensor.is_sparse:
+    if any(isinstance(v, (NonTensorData, NonTensorStack)) for v in batch.values(include_nested=True)):
+        return None
+    items = list(batch.items(include_nested=True, leaves_only=True))
+    for _, value in items:
+        if type(value) is not torch.Tensor or value.device.type != "cpu" or value.is_sparse:
             return None
     return items
 
@@ -68,7 +104,7 @@ class BatchRing:
     """A worker's ring of batch slots in one shared-memory file (see the module docstring)."""
 
     def __init__(self, layout: list[tuple[object, torch.dtype, tuple[int, ...], int]], slot_bytes: int,
-                 batch_size: tuple[int, ...] | None, slots: int = RING_SLOTS):
+                 batch_size: tuple[int, ...], slots: int = RING_SLOTS):
         self.layout = layout
         self.batch_size = batch_size
         self.slots = slots
@@ -88,6 +124,7 @@ class BatchRing:
 
     @classmethod
     def for_batch(cls, batch) -> BatchRing | None:
+        """A ring shaped for ``batch`` (a dense CPU TensorDict), or ``None`` for anything else."""
         items = _leaves(batch)
         if items is None:
             return None
@@ -95,8 +132,7 @@ class BatchRing:
         for key, tensor in items:
             layout.append((key, tensor.dtype, tuple(tensor.shape), offset))
             offset += -(-tensor.numel() * tensor.element_size() // _ALIGN) * _ALIGN
-        batch_size = None if isinstance(batch, torch.Tensor) else tuple(batch.batch_size)
-        return cls(layout, max(offset, _ALIGN), batch_size)
+        return cls(layout, max(offset, _ALIGN), tuple(batch.batch_size))
 
     def fits(self, items) -> bool:
         return len(items) == len(self.layout) and all(
@@ -104,12 +140,10 @@ class BatchRing:
             for (key, tensor), (lkey, dtype, shape, _) in zip(items, self.layout)
         )
 
-    def put(self, batch):
-        """A :class:`_RingBatch` message for ``batch``, or ``None`` if it cannot use the ring now."""
+    def put(self, batch) -> tuple | None:
+        """The message for ``batch`` (the arguments of :func:`_receive`), or ``None`` if the ring cannot take it."""
         items = _leaves(batch)
-        if items is None or not self.fits(items):
-            return None
-        if isinstance(batch, TensorDictBase) and tuple(batch.batch_size) != self.batch_size:
+        if items is None or not self.fits(items) or tuple(batch.batch_size) != self.batch_size:
             return None
         state = self.state
         for step in range(self.slots):
@@ -122,12 +156,10 @@ class BatchRing:
         for (_, tensor), (_, dtype, shape, offset) in zip(items, self.layout):
             nbytes = tensor.numel() * tensor.element_size()
             if nbytes:
-                dst = self.buffer[base + offset : base + offset + nbytes].view(dtype).view(shape)
-                dst.copy_(tensor)
+                self.buffer[base + offset : base + offset + nbytes].view(dtype).view(shape).copy_(tensor)
         state[slot] = 1
         self.cursor = (slot + 1) % self.slots
-        return _RingBatch(self.path, self.token, self.total, self.slots, slot, self.slot_bytes, self.layout,
-                          self.batch_size)
+        return (self.path, self.token, self.total, self.slots, slot, self.slot_bytes, self.layout, self.batch_size)
 
 
 def _states(buffer: torch.Tensor, slots: int) -> torch.Tensor:
@@ -141,82 +173,147 @@ def _open(path: str, total: int) -> torch.Tensor:
     return torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="r+", shape=(total,)))
 
 
-# the rings this process received from, by path: (token, mapping)
-_mapped: collections.OrderedDict[str, tuple[int, torch.Tensor]] = collections.OrderedDict()
+class _RingSender:
+    """A worker process's side: the batches its dataset marked, its ring, the reducer that uses them."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.pending: collections.deque = collections.deque(maxlen=_PENDING)
+        self.ring: BatchRing | None = None
+        self.fallback = None
+        self.installed = False
+        self.failed = False
+
+    def mark(self, batch) -> None:
+        with self.lock:
+            if self.failed:
+                return
+            if not self.installed:
+                # the reducer registered before ours (tensordict's), read through the public dispatch table
+                self.fallback = ForkingPickler(io.BytesIO()).dispatch_table.get(TensorDict)
+                ForkingPickler.register(TensorDict, self.reduce)
+                self.installed = True
+            self.pending.append(weakref.ref(batch))  # weak: a batch the collate replaced is freed at once
+
+    def take(self, batch) -> bool:
+        with self.lock:
+            for i, marked in enumerate(self.pending):
+                if marked() is batch:
+                    del self.pending[i]
+                    return True
+        return False
+
+    def reduce(self, batch):
+        """The worker queue's reducer for TensorDicts: a ring message for a marked batch, else the fallback."""
+        message = self.send(batch) if self.pending and self.take(batch) else None
+        if message is not None:
+            return _receive, message
+        if self.fallback is not None:
+            return self.fallback(batch)
+        return batch.__reduce_ex__(2)
+
+    def send(self, batch) -> tuple | None:
+        # runs in the queue's feeder thread, where an exception would drop the batch: never raise
+        try:
+            if self.ring is None:
+                self.ring = BatchRing.for_batch(batch)
+            return None if self.ring is None else self.ring.put(batch)
+        except Exception as err:  # noqa: BLE001 - no shared memory here: torch's transport from now on
+            self.failed = True
+            warnings.warn(f"DataLoader batches fall back to torch's transport: the ring failed ({err}).",
+                          RuntimeWarning, stacklevel=2)
+            return None
+
+
+_SENDER = _RingSender()
+
+# the main process's side: the rings it received from, by path: (token, mapping); counters for tests
+_mapped: dict[str, tuple[int, torch.Tensor]] = {}
 _mapped_lock = threading.Lock()
+_counts = {"maps": 0, "received": 0}
+
+
+def transport_stats() -> dict[str, int]:
+    """``rings`` mapped now, ``maps`` made and batches ``received`` through rings by this process."""
+    with _mapped_lock:
+        return {"rings": len(_mapped), **_counts}
+
+
+class RingGoneError(RuntimeError):
+    """A ring message arrived after the worker that wrote it exited (before this process mapped its ring)."""
 
 
 def _map(path: str, token: int, total: int) -> torch.Tensor:
     with _mapped_lock:
         entry = _mapped.get(path)
         if entry is not None and entry[0] == token:
-            _mapped.move_to_end(path)
             return entry[1]
-        gone = RuntimeError(
+        gone = RingGoneError(
             f"A DataLoader batch arrived after the shared-memory ring it was written to ({path}) was "
-            f"removed: the worker that sent it has exited."
+            f"removed: the worker that sent it has exited. Look for the worker's own error above; "
+            f"transport='torch' sends batches without a ring."
         )
         try:
             buffer = _open(path, total)
-        except (FileNotFoundError, ValueError):  # no such fd, or another file of another size there now
+        except (FileNotFoundError, ValueError, PermissionError):  # no such fd, or another file there now
             raise gone from None
         if int(buffer[:_HEADER_BYTES].view(torch.int64)[0]) != token:  # the pid or fd number was reused
             raise gone
-        for stale in [p for p in _mapped if not os.path.exists(p)]:  # rings of workers that are gone
+        for stale in [p for p in _mapped if p != path and not os.path.exists(p)]:  # rings of exited workers
             del _mapped[stale]
         _mapped[path] = (token, buffer)
-        while len(_mapped) > _MAX_MAPPED:
-            _mapped.popitem(last=False)
+        _counts["maps"] += 1
         return buffer
+
+
+class _LostBatch:
+    """What a ring message unpickles to outside the main thread when its ring is gone.
+
+    torch unpickles batches in its pin-memory thread when ``pin_memory=True``; an exception there would end the
+    thread ("Pin memory thread exited unexpectedly"). This object instead raises the error when torch pins it
+    (torch then re-raises it in the main thread) or when anything else touches it.
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: RuntimeError):
+        self.error = error
+
+    def pin_memory(self, *args, **kwargs):
+        raise self.error
+
+    def __getattr__(self, name):
+        raise self.error
+
+    def __getitem__(self, key):
+        raise self.error
+
+    def __iter__(self):
+        raise self.error
+
+    def __len__(self):
+        raise self.error
 
 
 def _receive(path, token, total, slots, slot, slot_bytes, layout, batch_size):
     """Runs in the receiving process: copies a slot out into ordinary tensors and frees the slot."""
-    buffer = _map(path, token, total)
+    try:
+        buffer = _map(path, token, total)
+    except RingGoneError as err:
+        if threading.current_thread() is threading.main_thread():
+            raise
+        return _LostBatch(err)
     base = _HEADER_BYTES + _STATE_BYTES * slots + slot * slot_bytes
-    out = []
+    out = {}
     for key, dtype, shape, offset in layout:
-        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         target = torch.empty(shape, dtype=dtype)
+        nbytes = math.prod(shape) * target.element_size()
         if nbytes:
             # numpy's copy is single-threaded: a parallel torch copy in the main process would wait for a core
             # that the workers keep busy (the ~8 ms stall of multi-threaded ops on a loaded machine)
             np.copyto(target.view(-1).view(torch.uint8).numpy(), buffer[base + offset : base + offset + nbytes].numpy())
-        out.append((key, target))
+        out[key] = target
     _states(buffer, slots)[slot] = 0
-    if batch_size is None:
-        return out[0][1]
-    return TensorDict(dict(out), batch_size=batch_size)
-
-
-class _RingBatch:
-    """The message a worker sends for a batch in its ring; unpickling it yields the batch."""
-
-    __slots__ = ("args",)
-
-    def __init__(self, *args):
-        self.args = args
-
-    def __reduce__(self):
-        return _receive, self.args
-
-
-_worker_ring: BatchRing | None = None
-_worker_ring_failed = False
-
-
-def send_from_worker(batch):
-    """In a DataLoader worker: the ring message for ``batch`` when the ring can carry it, else ``batch``."""
-    global _worker_ring, _worker_ring_failed
-    if _worker_ring_failed:
-        return batch
-    if _worker_ring is None:
-        try:
-            _worker_ring = BatchRing.for_batch(batch)
-        except (OSError, RuntimeError):  # no shared memory here: keep torch's transport
-            _worker_ring_failed = True
-            return batch
-        if _worker_ring is None:
-            return batch
-    message = _worker_ring.put(batch)
-    return batch if message is None else message
+    with _mapped_lock:
+        _counts["received"] += 1
+    return TensorDict(out, batch_size=batch_size)

@@ -57,14 +57,18 @@ crash but not against a power loss.
 
 Components. ``dumps``/``loads`` (:func:`dump_component`/:func:`load_component`) store one component per
 checkpoint, its description under ``metadata["component"] = {"class": "<module>.<qualname>", "doc": ...}``.
-The class name is only compared with the target's, never imported. A replay buffer's ``doc`` holds its
-``batch_size``, generator state (``rng/state``) and one part per component; a tensor storage's holds its
-capacity, ``ndim``, data codec, row counters and the key, shape and dtype of every leaf, whose written rows
-are stored at ``storage/<key path>.memmap``; samplers, writers and transforms store their ``state_dict()``
-as JSON whose tensors are files under ``sampler/``, ``writer/``, ``transforms/``. A
-:class:`~torchrl.data.LazyMemmapStorage` whose ``scratch_dir`` is ``<path>/storage`` is saved by hard
-links (its files stay shared with the live storage, so their checksums are ``null``) and loaded by mapping
-them in place. :func:`register_checkpoint_handler` adds handlers for other classes.
+The class name is only compared with the target's, never imported. Each component writes its own ``doc`` and
+tensors through the part protocol of :mod:`torchrl.data.replay_buffers._persistence` (this module knows no
+component). A replay buffer's ``doc`` holds its ``batch_size``, generator state (``rng/state``) and one part
+per component; a tensor storage's holds its capacity, ``ndim``, data codec, row counters and the key, shape and
+dtype of every leaf, whose written rows are stored at ``storage/<key path>.memmap``; samplers, writers and
+transforms store their ``state_dict()`` as JSON whose tensors are files under ``sampler/``, ``writer/``,
+``transforms/``. A :class:`~torchrl.data.LazyMemmapStorage` whose ``scratch_dir`` is ``<path>/storage`` is
+saved by hard links (its files stay shared with the live storage, so their checksums are ``null``) and loaded
+by mapping them in place. :func:`register_checkpoint_handler` attaches a part to a class you do not own.
+``storage.dumps``/``storage.loads`` go through ``storage.checkpointer`` (:class:`TensorStorageCheckpointer`,
+:class:`ListStorageCheckpointer`, :class:`StorageEnsembleCheckpointer`: TorchRL's names), which write this
+same format.
 
 Examples:
     >>> import os, tempfile, torch
@@ -81,16 +85,25 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-import warnings
 import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from torchrl.data.replay_buffers import _checkpoint_fs as _fs
-from torchrl.data.replay_buffers import _checkpoint_io as _io
+import torchrl.data.replay_buffers._checkpoint_fs as _fs
+import torchrl.data.replay_buffers._checkpoint_io as _io
+import torchrl.data.replay_buffers._persistence as _persistence
+from torchrl._files import fsync_file, write_new_file
+from torchrl.data.replay_buffers._checkpoint_args import (
+    advance_fn,
+    check_metadata,
+    check_path,
+    check_progress,
+    check_replaceable,
+    check_tensors,
+    progress_bar,
+)
 from torchrl.data.replay_buffers._checkpoint_io import CheckpointError
 from torchrl.data.replay_buffers._checkpoint_validate import (
     FORMAT,
@@ -110,99 +123,11 @@ __all__ = [
     "dump_component",
     "load_component",
     "register_checkpoint_handler",
+    "StorageCheckpointerBase",
+    "TensorStorageCheckpointer",
+    "ListStorageCheckpointer",
+    "StorageEnsembleCheckpointer",
 ]
-
-PROGRESS_THRESHOLD_BYTES = 256 << 20
-
-
-# -- progress ---------------------------------------------------------------------------------------------------
-def _check_progress(progress) -> None:
-    if progress is not None and not isinstance(progress, bool):
-        raise TypeError(
-            f"`progress` must be None (automatic), True or False; got {progress!r} ({type(progress).__name__})."
-        )
-
-
-def _progress_bar(progress: bool | None, total: int, desc: str):
-    """A tqdm bar over ``total`` bytes, or ``None``: ``None`` shows one for large jobs on a terminal."""
-    if progress is False or (progress is None and (total < PROGRESS_THRESHOLD_BYTES or not sys.stderr.isatty())):
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        if progress:
-            warnings.warn("`progress=True` needs tqdm (`pip install tqdm`); no progress bar is shown.", stacklevel=3)
-        return None
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
-
-
-def _advance_fn(bar) -> Callable[[int], None]:
-    return (lambda n: None) if bar is None else bar.update
-
-
-# -- argument checks --------------------------------------------------------------------------------------------
-def _check_path(path) -> str:
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"`path` must be a str or os.PathLike; got {path!r} ({type(path).__name__}).")
-    path = os.path.abspath(os.fsdecode(path))
-    if os.path.dirname(path) == path:
-        raise ValueError(f"`path` must name a directory below a parent; got the root {path!r}.")
-    return path
-
-
-def _check_tensors(tensors) -> list[tuple[str, torch.Tensor, str]]:
-    if not isinstance(tensors, Mapping):
-        raise TypeError(f"`tensors` must be a mapping from names to tensors; got {type(tensors).__name__}.")
-    out = []
-    for name, tensor in tensors.items():
-        problem = _io.name_problem(name)
-        if problem is not None:
-            raise ValueError(
-                f"`tensors` key {name!r} cannot name a file of the checkpoint: {problem}. Use names made of "
-                f"'/'-separated components such as 'storage/obs'."
-            )
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"`tensors[{name!r}]` must be a torch.Tensor; got {type(tensor).__name__}.")
-        if tensor.layout != torch.strided or tensor.is_nested:
-            raise TypeError(
-                f"`tensors[{name!r}]` has layout {tensor.layout}; checkpoints store dense tensors. Convert it "
-                f"with `.to_dense()` or save its components as separate tensors."
-            )
-        try:
-            dtype = _io.dtype_name(tensor.dtype)
-        except TypeError as err:
-            raise TypeError(f"`tensors[{name!r}]`: {err}") from None
-        out.append((name, tensor, dtype))
-    return out
-
-
-def _check_metadata(metadata) -> dict[str, Any]:
-    if not isinstance(metadata, Mapping):
-        raise TypeError(f"`metadata` must be a JSON-serializable mapping; got {type(metadata).__name__}.")
-    try:
-        return json.loads(json.dumps(dict(metadata)))
-    except (TypeError, ValueError) as err:
-        raise TypeError(
-            f"`metadata` must be JSON-serializable (str keys; str, numbers, bools, None, lists and dicts "
-            f"of those): {err}. Store tensors in `tensors` instead."
-        ) from None
-
-
-def _check_replaceable(path: str, *, adopt: bool = False) -> None:
-    if not os.path.lexists(path):
-        return
-    if os.path.islink(path) or not os.path.isdir(path):
-        raise FileExistsError(
-            f"`path` {path!r} exists and is not a directory (or is a symlink); a checkpoint replaces only a "
-            f"previous checkpoint. Remove it or choose another path."
-        )
-    names = set(os.listdir(path))
-    if names and not adopt and not names & {_fs.MARKER, _fs.METADATA}:
-        raise FileExistsError(
-            f"`path` {path!r} is a non-empty directory that is not a checkpoint (no {_fs.METADATA}); refusing "
-            f"to replace it. Remove it or choose another path."
-        )
-
 
 # -- write ------------------------------------------------------------------------------------------------------
 def write_checkpoint(
@@ -251,25 +176,25 @@ def write_checkpoint(
         ...     print(sorted(os.listdir(path)))
         ['COMPLETE', 'a.memmap', 'metadata.json']
     """
-    path = _check_path(path)
-    entries = _check_tensors(tensors)
-    user_metadata = _check_metadata(metadata)
+    path = check_path(path)
+    entries = check_tensors(tensors)
+    user_metadata = check_metadata(metadata)
     if not isinstance(fsync, bool):
         raise TypeError(f"`fsync` must be a bool; got {fsync!r}.")
-    _check_progress(progress)
+    check_progress(progress)
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     mappings = _io.read_file_mappings()
     links = _linkable(path, entries, mappings)
     with _fs.locked_dir(parent):
         _fs.recover(path, fsync=fsync)
-        _check_replaceable(path, adopt=bool(links))
+        check_replaceable(path, adopt=bool(links))
     tmp, lock_fd = _fs.make_tmp_dir(path)
     try:
         _fs.step("tmp_created")
         _write_contents(tmp, entries, user_metadata, links, mappings, fsync=fsync, progress=progress)
         with _fs.locked_dir(parent):
-            _check_replaceable(path, adopt=bool(links))
+            check_replaceable(path, adopt=bool(links))
             _fs.switch(tmp, path, fsync=fsync)
     except BaseException:
         import shutil
@@ -296,8 +221,8 @@ def _linkable(path: str, entries, mappings) -> dict[str, str]:
 
 def _write_contents(tmp: str, entries, user_metadata: dict, links, mappings, *, fsync: bool, progress) -> None:
     total = sum(t.numel() * t.element_size() for name, t, _ in entries if name not in links)
-    bar = _progress_bar(progress, total, "dumps")
-    advance = _advance_fn(bar)
+    bar = progress_bar(progress, total, "dumps")
+    advance = advance_fn(bar)
     dirs = {tmp}
     described = {}
     try:
@@ -312,7 +237,7 @@ def _write_contents(tmp: str, entries, user_metadata: dict, links, mappings, *, 
             if name in links:  # shared with a live storage: its content changes later, so no checksum
                 os.link(links[name], target)
                 if fsync:
-                    _fsync_file(target)
+                    fsync_file(target)
                 crc = None
             else:
                 crc = _io.write_tensor_file(target, tensor, mappings=mappings, fsync=fsync, advance=advance)
@@ -335,34 +260,16 @@ def _write_contents(tmp: str, entries, user_metadata: dict, links, mappings, *, 
         "metadata": user_metadata,
     }
     raw = json.dumps(document, indent=1).encode()
-    _write_small_file(os.path.join(tmp, _fs.METADATA), raw, fsync=fsync)
+    write_new_file(os.path.join(tmp, _fs.METADATA), raw, fsync=fsync)
     _fs.step("metadata_written")
     # the marker may precede the directory fsyncs: nothing reads a tmp directory, and it only becomes
     # `path` by the rename below, after every file and directory in it is on disk
     marker = {"schema_version": SCHEMA_VERSION, "metadata_nbytes": len(raw), "metadata_crc32": zlib.crc32(raw)}
-    _write_small_file(os.path.join(tmp, _fs.MARKER), json.dumps(marker).encode(), fsync=fsync)
+    write_new_file(os.path.join(tmp, _fs.MARKER), json.dumps(marker).encode(), fsync=fsync)
     if fsync:
         for folder in sorted(dirs, key=len, reverse=True):
             _fs.fsync_dir(folder)
     _fs.step("marker_written")
-
-
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_small_file(path: str, data: bytes, *, fsync: bool) -> None:
-    fd = _io.create_file(path)
-    try:
-        _io.write_all(fd, memoryview(data))
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # -- read -------------------------------------------------------------------------------------------------------
@@ -405,11 +312,11 @@ def read_checkpoint(
         ...     print(tensors["x"].tolist())
         [1, 2, 3]
     """
-    path = _check_path(path)
+    path = check_path(path)
     for name, value in (("mmap", mmap), ("verify", verify)):
         if not isinstance(value, bool):
             raise TypeError(f"`{name}` must be a bool; got {value!r}.")
-    _check_progress(progress)
+    check_progress(progress)
     root = _fs.resolve_for_read(path)
     if root is None:
         raise FileNotFoundError(f"No checkpoint at {path!r}: the directory does not exist.")
@@ -428,12 +335,12 @@ def read_checkpoint(
             for name, relative, dtype, shape, _, _ in entries
         }
         return tensors, document["metadata"]
-    bar = _progress_bar(progress, sum(e[4] for e in entries), "loads")
+    bar = progress_bar(progress, sum(e[4] for e in entries), "loads")
     try:
         tensors = {}
         for name, relative, dtype, shape, _, _ in entries:
             tensors[name] = _io.empty_tensor(dtype, shape)
-            _io.read_into(os.path.join(root, relative), tensors[name], _advance_fn(bar))
+            _io.read_into(os.path.join(root, relative), tensors[name], advance_fn(bar))
     finally:
         if bar is not None:
             bar.close()
@@ -445,16 +352,17 @@ def register_checkpoint_handler(cls: type, *, dump: Callable, load: Callable, ch
     """Declares how instances of ``cls`` (and its subclasses) are saved by ``dumps`` and restored by ``loads``.
 
     Handlers are looked up along the class's MRO, so a subclass inherits its parent's handler unless it
-    registers its own. Built-in handlers cover tensor storages, :class:`~torchrl.data.ListStorage` and
-    replay buffers; any other component is saved through its ``state_dict()`` (tensors become files, the
-    rest JSON) and restored with ``load_state_dict()``.
+    registers its own, and a handler wins over the class's own ``checkpoint_part`` methods. Use it for
+    classes you do not own: a class you write implements the part protocol itself (see
+    :mod:`torchrl.data.replay_buffers._persistence`), and any object with ``state_dict()`` and
+    ``load_state_dict()`` is saved without either (tensors become files, the rest JSON).
 
     Args:
         cls (type): the component class.
 
     Keyword Args:
         dump (callable): ``dump(obj, ctx) -> (tensors, doc)``: the tensors to save, named under
-            ``ctx.prefix``, and a JSON-serializable document.
+            ``ctx.prefix`` (``ctx.name("w")`` is ``ctx.prefix + "w"``), and a JSON-serializable document.
         load (callable): ``load(obj, doc, tensors, ctx)``: restores ``obj``; ``tensors`` are memory-mapped.
         check (callable, optional): ``check(obj, doc, tensors, ctx)``: raises ``ValueError`` saying what
             differs when the checkpoint does not fit ``obj``; called before anything is loaded. Defaults to
@@ -476,20 +384,14 @@ def register_checkpoint_handler(cls: type, *, dump: Callable, load: Callable, ch
     for name, fn in (("dump", dump), ("load", load), ("check", check)):
         if fn is not None and not callable(fn):
             raise TypeError(f"`{name}` must be callable; got {fn!r}.")
-    _components().register(cls, dump, load, check)
-
-
-def _components():
-    from torchrl.data.replay_buffers import _checkpoint_components
-
-    return _checkpoint_components
+    _persistence.register(cls, dump, load, check)
 
 
 def dump_component(obj, path, *, fsync: bool = True, progress: bool | None = None) -> None:
     """Saves a storage, sampler, writer or replay buffer to the checkpoint directory ``path``.
 
     This is what ``obj.dumps(path)`` runs. The checkpoint's metadata holds ``{"component": {"class": ...,
-    "doc": ...}}`` where ``doc`` is the component's handler document (see :func:`register_checkpoint_handler`).
+    "doc": ...}}`` where ``doc`` is the component's part (see :mod:`torchrl.data.replay_buffers._persistence`).
 
     Args:
         obj: the component.
@@ -516,9 +418,8 @@ def dump_component(obj, path, *, fsync: bool = True, progress: bool | None = Non
         >>> len(fresh), fresh.get(2).tolist()
         (3, [1.0, 1.0])
     """
-    path = _check_path(path)
-    c = _components()
-    tensors, doc = c.dump_any(obj, c.Context(path))
+    path = check_path(path)
+    tensors, doc = _persistence.dump_part(obj, _persistence.PartContext(path))
     write_checkpoint(path, tensors, {"component": doc}, fsync=fsync, progress=progress)
 
 
@@ -554,13 +455,106 @@ def load_component(obj, path) -> None:
             f"The checkpoint at {os.fspath(path)!r} holds no component description: it was not written by "
             f"`dumps` (use read_checkpoint for checkpoints written by write_checkpoint)."
         )
-    c = _components()
-    ctx = c.Context(_check_path(path))
+    ctx = _persistence.PartContext(check_path(path))
     try:
-        c.check_any(obj, doc, tensors, ctx)
+        _persistence.check_part(obj, doc, tensors, ctx)
     except (KeyError, IndexError, AttributeError, TypeError) as err:
         raise CheckpointError(
             f"The component description in the checkpoint at {os.fspath(path)!r} is malformed: "
             f"{type(err).__name__}: {err}."
         ) from None
-    c.load_any(obj, doc, tensors, ctx)
+    _persistence.load_part(obj, doc, tensors, ctx)
+
+
+# -- storage checkpointers: TorchRL's names, on this format ----------------------------------------------------------
+class StorageCheckpointerBase:
+    """What ``storage.dumps(path)`` and ``storage.loads(path)`` delegate to (``storage.checkpointer``).
+
+    TorchRL lets each storage hand its ``dumps``/``loads`` to a checkpointer object; these classes keep its names
+    and that seam, on the pickle-free format of this module: :meth:`dumps` writes the checkpoint of
+    :func:`dump_component` (the storage's own part: see :mod:`torchrl.data.replay_buffers._persistence`) and
+    :meth:`loads` reads it back with every check of :func:`load_component`. So checkpoints written through a
+    checkpointer and through ``storage.dumps`` are the same, and ``rb.dumps`` (which saves the storage's part with
+    the rest of the buffer) is unaffected by the choice. Subclass and override :meth:`dumps`/:meth:`loads` to
+    save a storage another way.
+
+    .. note:: TorchRL's save and load hooks (``register_save_hook``/``register_load_hook``) rewrite the saved
+        data with arbitrary code; they are not supported here (the methods raise ``NotImplementedError``).
+
+    Examples:
+        >>> import os, tempfile, torch
+        >>> from torchrl.data import LazyTensorStorage, TensorStorageCheckpointer
+        >>> storage = LazyTensorStorage(10)
+        >>> storage.checkpointer = TensorStorageCheckpointer()
+        >>> storage.set(torch.arange(3), torch.ones(3, 2))
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     storage.dumps(os.path.join(d, "s"))
+        ...     fresh = LazyTensorStorage(10)
+        ...     fresh.checkpointer.loads(fresh, os.path.join(d, "s"))
+        >>> len(fresh), type(fresh.checkpointer).__name__
+        (3, 'TensorStorageCheckpointer')
+    """
+
+    #: The storages a checkpointer of this class saves, for error messages (``None``: any storage).
+    saves: str | None = None
+
+    def dumps(self, storage, path, *, fsync: bool = True, progress: bool | None = None) -> None:
+        """Saves ``storage`` to the checkpoint directory ``path`` (see :func:`dump_component`)."""
+        dump_component(storage, path, fsync=fsync, progress=progress)
+
+    def loads(self, storage, path) -> None:
+        """Loads the checkpoint at ``path`` into ``storage``, validated first (see :func:`load_component`)."""
+        load_component(storage, path)
+
+    def register_save_hook(self, hook) -> None:
+        """Not supported: see the class note."""
+        self._refuse_hooks("register_save_hook", hook)
+
+    def register_load_hook(self, hook) -> None:
+        """Not supported: see the class note."""
+        self._refuse_hooks("register_load_hook", hook)
+
+    def _refuse_hooks(self, method: str, hook) -> None:
+        raise NotImplementedError(
+            f"{type(self).__name__}.{method}({hook!r}) is not supported: a hook would rewrite the saved data "
+            f"with arbitrary code, while this checkpoint format saves the storage's content as stored and loads "
+            f"it back without running code. Transform the data before writing it (a buffer transform's `inv`), "
+            f"or after loading it."
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class TensorStorageCheckpointer(StorageCheckpointerBase):
+    """The checkpointer of :class:`~torchrl.data.TensorStorage` and its subclasses (the default there).
+
+    The written rows of every leaf become raw tensor files, streamed (a memory-mapped storage is copied file to
+    file); a :class:`~torchrl.data.LazyMemmapStorage` whose ``scratch_dir`` is the checkpoint's ``storage``
+    directory is hard-linked instead, and mapped in place again by :meth:`loads`. See
+    :class:`StorageCheckpointerBase`.
+    """
+
+    saves = "TensorStorage, LazyTensorStorage and LazyMemmapStorage"
+
+
+class ListStorageCheckpointer(StorageCheckpointerBase):
+    """The checkpointer of :class:`~torchrl.data.ListStorage` (the default there).
+
+    Items that are tensors, TensorDicts, tensorclasses or pytrees of tensors are saved (stacked when they all have
+    one structure). Any other item (a string, an arbitrary object) would need pickle, so :meth:`dumps` refuses
+    it with a ``TypeError`` that names the item, before anything is written. See :class:`StorageCheckpointerBase`.
+    """
+
+    saves = "ListStorage"
+
+
+class StorageEnsembleCheckpointer(StorageCheckpointerBase):
+    """The checkpointer of :class:`~torchrl.data.StorageEnsemble` (the default there).
+
+    Saves each member storage and the ``state_dict()`` of its transform; a transform whose state holds objects
+    other than tensors, numbers, strings and containers of those would need pickle, and is refused with a
+    ``TypeError`` that names the entry. See :class:`StorageCheckpointerBase`.
+    """
+
+    saves = "StorageEnsemble"

@@ -16,6 +16,8 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
+from torchrl._validation import check_positive_int
+
 
 def _as_keys(keys) -> list:
     if keys is None:
@@ -183,8 +185,7 @@ class Resize(Transform):
         if interpolation not in self._MODES:
             raise ValueError(f"`interpolation` must be one of {self._MODES}, got {interpolation!r}.")
         for name, v in (("w", w), ("h", h if h is not None else w)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"`{name}` must be a positive int, got {v!r}.")
+            check_positive_int(name, v, type_error=False)
         self.w, self.h = w, h if h is not None else w
         self.interpolation = interpolation
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 
-from torchrl.data.replay_buffers.dataloader import ReplayBufferDataset, _stateful_component
+from torchrl.data import ReplayBufferDataset
 from torchrl.data.replay_buffers.replay_buffers import ReplayBuffer
 
 __all__ = ["TorchRLBufferDataset"]
@@ -57,10 +57,11 @@ class TorchRLBufferDataset(ReplayBufferDataset):
     (``("tokens", "full")`` -> ``"tokens.full"``) and non-tensor entries (strings) are unwrapped to Python
     values.
 
-    Under DataLoader workers it behaves like :class:`~torchrl.data.ReplayBufferDataset` (the generator is
-    reseeded per worker and the ``num_batches`` sampling calls are split across workers), except that a buffer
-    whose sampler requires shared state is not refused yet: it emits a ``FutureWarning`` (refused with
-    workers from v0.17).
+    It is built on the public hooks of :class:`~torchrl.data.ReplayBufferDataset`: :meth:`draw` samples
+    ``batch_size`` items, :meth:`items` splits them into dicts, and ``refuse_stateful = False``. Under DataLoader
+    workers it behaves like its base (the buffer's worker copy is readied and reseeded per worker, and the
+    ``num_batches`` sampling calls are split across workers), except that a buffer whose sampler requires
+    shared state is not refused yet: it emits a ``FutureWarning`` (refused with workers from v0.17).
 
     Args:
         replay_buffer (ReplayBuffer): the buffer to sample; its data must be TensorDicts.
@@ -89,7 +90,7 @@ class TorchRLBufferDataset(ReplayBufferDataset):
         4
     """
 
-    _refuse_stateful = False
+    refuse_stateful = False
 
     def __init__(self, replay_buffer: ReplayBuffer, batch_size: int, *, keys=None, device=None,
                  num_batches: int | None = 1):
@@ -103,7 +104,7 @@ class TorchRLBufferDataset(ReplayBufferDataset):
         self.keys = None if keys is None else [k if isinstance(k, (str, tuple)) else str(k) for k in keys]
         self.device = None if device is None else torch.device(device)
         super().__init__(replay_buffer, num_batches=num_batches)
-        stateful = _stateful_component(replay_buffer)
+        stateful = replay_buffer.stateful_component()
         if stateful is not None:
             name, component = stateful
             warnings.warn(
@@ -115,15 +116,12 @@ class TorchRLBufferDataset(ReplayBufferDataset):
                 stacklevel=2,
             )
 
-    @staticmethod
-    def _check_batch_size(replay_buffer) -> None:
-        return None  # the dataset has its own batch size
-
     def __len__(self) -> int:
         """The number of items (``num_batches * batch_size``); a ``TypeError`` for an endless dataset."""
         return super().__len__() * self.batch_size
 
-    def _draw(self):
+    def draw(self) -> TensorDictBase:
+        """Samples ``batch_size`` items; a ``TypeError`` if the buffer's data are not TensorDicts."""
         batch = self.replay_buffer.sample(self.batch_size)
         if not isinstance(batch, TensorDictBase):
             raise TypeError(
@@ -144,7 +142,8 @@ class TorchRLBufferDataset(ReplayBufferDataset):
             )
         return self.keys
 
-    def _items(self, batch: TensorDictBase):
+    def items(self, batch: TensorDictBase):
+        """Yields each item of ``batch`` as a flat dict (``keys`` selected, moved to ``device``)."""
         keys = self._selected_keys(batch)
         columns = {}
         for key in keys:

@@ -6,6 +6,7 @@ from torchrl.data.replay_buffers.replay_buffers.prioritized import (
     PrioritizedReplayBuffer,
     TensorDictPrioritizedReplayBuffer,
 )
+from torchrl.data.replay_buffers.replay_buffers.remote import RemoteTensorDictReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.tensordict import TensorDictReplayBuffer
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "PrioritizedReplayBuffer",
     "TensorDictPrioritizedReplayBuffer",
     "ReplayBufferEnsemble",
+    "RemoteTensorDictReplayBuffer",
 ]
 
 for _cls in (
@@ -22,5 +24,6 @@ for _cls in (
     PrioritizedReplayBuffer,
     TensorDictPrioritizedReplayBuffer,
     ReplayBufferEnsemble,
+    RemoteTensorDictReplayBuffer,
 ):
     _cls.__module__ = __name__

@@ -20,7 +20,17 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
+from torchrl._validation import check_int, check_positive_int
 from torchrl.data.replay_buffers._collate import stack_samples
+from torchrl.data.replay_buffers._generator_state import generator_from_state, generator_to_state
+from torchrl.data.replay_buffers._persistence import PartContext
+from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
+from torchrl.data.replay_buffers.replay_buffers._checkpoint import (
+    buffer_part,
+    check_buffer_part,
+    load_buffer_part,
+)
+from torchrl.data.replay_buffers.replay_buffers.dataset import ReplayBufferDataset
 from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
 from torchrl.data.replay_buffers.storages import ListStorage, Storage, TensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter, Writer
@@ -31,32 +41,10 @@ def _identity(x):
     return x
 
 
-def _check_positive_int(name: str, value, allow_none: bool = True):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive int{' or None' if allow_none else ''}, got {value!r}.")
-    return value
-
-
 def _check_component(name: str, value, cls: type):
     if not isinstance(value, cls):
         raise TypeError(f"`{name}` must be a {cls.__name__} instance, got {type(value).__name__}.")
     return value
-
-
-def _generator_to_state(generator: torch.Generator | None):
-    if generator is None:
-        return None
-    return {"state": generator.get_state().numpy().tobytes(), "device": str(generator.device)}
-
-
-def _generator_from_state(state) -> torch.Generator | None:
-    if state is None:
-        return None
-    generator = torch.Generator(device=state["device"])
-    generator.set_state(torch.frombuffer(bytearray(state["state"]), dtype=torch.uint8))
-    return generator
 
 
 class ReplayBuffer:
@@ -108,15 +96,13 @@ class ReplayBuffer:
         generator: torch.Generator | None = None,
         shared: bool = False,
     ) -> None:
-        self._batch_size = _check_positive_int("batch_size", batch_size)
-        if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0):
-            raise ValueError(f"`prefetch` must be a non-negative int or None, got {prefetch!r}.")
+        self._batch_size = check_positive_int("batch_size", batch_size, allow_none=True, type_error=False)
+        check_int("prefetch", prefetch, minimum=0, allow_none=True, type_error=False)
         if prefetch and self._batch_size is None:
             raise ValueError("`prefetch` samples ahead with the buffer's `batch_size`: pass batch_size too.")
         if prefetch and shared:
             raise ValueError("A shared buffer cannot prefetch: pass prefetch=None or shared=False.")
-        if dim_extend is not None and (not isinstance(dim_extend, int) or dim_extend < 0):
-            raise ValueError(f"`dim_extend` must be a non-negative int or None, got {dim_extend!r}.")
+        check_int("dim_extend", dim_extend, minimum=0, allow_none=True, type_error=False)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"`generator` must be a torch.Generator or None, got {type(generator).__name__}.")
         self._storage = _check_component("storage", storage if storage is not None else ListStorage(1000), Storage)
@@ -325,7 +311,7 @@ class ReplayBuffer:
                     "(ReplayBuffer(..., batch_size=N))."
                 )
             return self._batch_size
-        return _check_positive_int("batch_size", batch_size, allow_none=False)
+        return check_positive_int("batch_size", batch_size, type_error=False)
 
     def sample(self, batch_size: int | None = None, return_info: bool = False):
         """Draws a batch; with ``return_info=True`` returns ``(batch, info)`` where ``info["index"]`` holds
@@ -389,7 +375,7 @@ class ReplayBuffer:
         with self._replay_lock, self._storage.write_lock:
             self._storage[index] = value
             if isinstance(index, slice):
-                index = torch.arange(*index.indices(self._storage._rows_written()))
+                index = torch.arange(*index.indices(self._storage.rows_written()))
             if not isinstance(index, tuple):  # overwritten items are new items for the sampler
                 self._storage.mark_update(index)
 
@@ -415,7 +401,7 @@ class ReplayBuffer:
             "_writer": self._writer.state_dict(),
             "_transforms": self._transform.state_dict(),
             "_batch_size": self._batch_size,
-            "_rng": None if rng is None else {"state": rng.get_state().clone(), "device": str(rng.device)},
+            "_rng": generator_to_state(rng),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -427,21 +413,19 @@ class ReplayBuffer:
             self._writer.load_state_dict(state_dict["_writer"])
             self._transform.load_state_dict(state_dict["_transforms"])
             self._batch_size = state_dict.get("_batch_size", self._batch_size)
-            rng = state_dict.get("_rng")
+            rng = generator_from_state(state_dict.get("_rng"))
             if rng is not None:
-                generator = torch.Generator(device=rng["device"])
-                generator.set_state(rng["state"])
-                self.set_rng(generator)
+                self.set_rng(rng)
 
     def __getstate__(self):
         state = self.__dict__.copy()
         for name in ("_replay_lock", "_futures_lock", "_prefetch_queue", "_prefetch_executor"):
             state.pop(name, None)
-        state["_rng"] = _generator_to_state(self._rng)
+        state["_rng"] = generator_to_state(self._rng, as_bytes=True)
         return state
 
     def __setstate__(self, state):
-        rng = _generator_from_state(state.pop("_rng", None))
+        rng = generator_from_state(state.pop("_rng", None))
         self.__dict__.update(state)
         self._make_runtime_state()
         self._storage.attach(self)
@@ -469,15 +453,11 @@ class ReplayBuffer:
             >>> fresh[:]
             tensor([0, 1, 2, 3])
         """
-        from torchrl.data.replay_buffers.checkpointers import dump_component
-
         with self._futures_lock, self._replay_lock:
             dump_component(self, path, **kwargs)
 
     def loads(self, path) -> None:
         """Loads a buffer saved by :meth:`dumps` into this one (built with the same configuration)."""
-        from torchrl.data.replay_buffers.checkpointers import load_component
-
         with self._futures_lock, self._replay_lock, self._storage.write_lock:
             self._prefetch_queue.clear()
             load_component(self, path)
@@ -486,14 +466,80 @@ class ReplayBuffer:
     save = dumps
     load = loads
 
-    def as_dataset(self, *, num_batches: int | None = None):
+    # -- checkpoint part (the protocol of torchrl.data.replay_buffers._persistence) ----------------------------------
+    checkpoint_role = "replay buffer"
+
+    def _checkpoint_children(self) -> dict[str, Any]:
+        return {"storage": self._storage, "sampler": self._sampler, "writer": self._writer, "transforms": self._transform}
+
+    def checkpoint_part(self, ctx: PartContext) -> tuple[dict, dict]:
+        return buffer_part(self, self._checkpoint_children(), self._batch_size, self._rng, ctx)
+
+    def check_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
+        check_buffer_part(self, self._checkpoint_children(), doc, tensors, ctx)
+
+    def load_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
+        self._batch_size, rng = load_buffer_part(self._checkpoint_children(), doc, tensors, ctx)
+        if rng is not None:
+            self.set_rng(rng)
+
+    def as_dataset(self, *, num_batches: int | None = None, transport: str = "ring") -> ReplayBufferDataset:
         """An iterable :class:`torch.utils.data.IterableDataset` of sampled batches, for DataLoader workers.
 
-        See :class:`~torchrl.data.ReplayBufferDataset`.
+        See :class:`~torchrl.data.ReplayBufferDataset` for ``num_batches`` and ``transport`` (how worker
+        processes send batches back: ``"ring"``, ``"consolidated"`` or ``"torch"``).
         """
-        from torchrl.data.replay_buffers.dataloader import ReplayBufferDataset
+        return ReplayBufferDataset(self, num_batches=num_batches, transport=transport)
 
-        return ReplayBufferDataset(self, num_batches=num_batches)
+    # -- hooks for DataLoader adapters (ReplayBufferDataset and user datasets) --------------------------------------
+    def stateful_component(self) -> tuple[str, Any] | None:
+        """The first component whose state a copy of the buffer in another process would duplicate, if any.
+
+        ``("sampler", sampler)`` or ``("storage", storage)`` when that component declares
+        ``requires_shared_state = True`` (an epoch permutation, priorities, a stream position), else ``None``.
+        A dataset read by DataLoader workers holds one copy of the buffer per worker: it refuses such a buffer
+        (:class:`~torchrl.data.ReplayBufferDataset`) or warns about it.
+
+        Examples:
+            >>> from torchrl.data import ReplayBuffer, SamplerWithoutReplacement
+            >>> ReplayBuffer().stateful_component() is None
+            True
+            >>> ReplayBuffer(sampler=SamplerWithoutReplacement()).stateful_component()[0]
+            'sampler'
+        """
+        for name, component in (("sampler", self._sampler), ("storage", self._storage)):
+            if getattr(component, "requires_shared_state", False):
+                return name, component
+        return None
+
+    def prepare_worker_copy(self, seed: int) -> None:
+        """Readies this object, a copy of the buffer held by a DataLoader worker, to sample in that worker.
+
+        Turns prefetching off, gives the copy fresh locks and an empty prefetch queue, and reseeds its
+        ``torch.Generator`` (if it was built with one) from ``seed``. Call it once per worker, before the first
+        sample, with ``torch.utils.data.get_worker_info().seed``: workers then draw distinct streams, epochs
+        differ, and a DataLoader with a fixed ``generator`` reproduces them. Never call it on the buffer the
+        main process uses.
+
+        Args:
+            seed (int): the worker's seed (reduced modulo ``2**63``).
+
+        Examples:
+            >>> import pickle, torch
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=4, generator=torch.Generator())
+            >>> _ = rb.extend(torch.arange(10))
+            >>> copy = pickle.loads(pickle.dumps(rb))  # what a DataLoader worker holds
+            >>> copy.prepare_worker_copy(seed=7)
+            >>> first = copy.sample()
+            >>> copy.prepare_worker_copy(seed=7)
+            >>> torch.equal(first, copy.sample())
+            True
+        """
+        self._prefetch = 0
+        self._make_runtime_state()
+        if self._rng is not None:
+            self._rng.manual_seed(int(seed) % (2**63))
 
 
 def _move_dim_to_front(data, dim: int):

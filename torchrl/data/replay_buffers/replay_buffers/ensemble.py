@@ -30,14 +30,17 @@ import torch
 from tensordict import TensorDictBase
 
 from torchrl.data.replay_buffers._collate import stack_samples
+from torchrl.data.replay_buffers._generator_state import generator_from_state, generator_to_state
+from torchrl.data.replay_buffers._members import check_members, member_at
+from torchrl.data.replay_buffers._persistence import (
+    PartContext,
+    check_state_part,
+    dump_state_part,
+    load_state_part,
+)
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
 from torchrl.data.replay_buffers.samplers.ensemble import SamplerEnsemble
-from torchrl.data.replay_buffers.storages.ensemble import (
-    StorageEnsemble,
-    _check_member_id,
-    _check_members,
-    _member_index,
-)
+from torchrl.data.replay_buffers.storages.ensemble import StorageEnsemble, _member_index
 from torchrl.data.replay_buffers.writers.ensemble import WriterEnsemble
 
 _WRITE_HINT = "write into the member buffers instead, e.g. rb_ensemble[i].extend(data)"
@@ -99,7 +102,7 @@ class ReplayBufferEnsemble(ReplayBuffer):
         transform=None,
         generator: torch.Generator | None = None,
     ) -> None:
-        _check_members("ReplayBufferEnsemble", rbs, ReplayBuffer)
+        check_members("ReplayBufferEnsemble", rbs, ReplayBuffer)
         for i, rb in enumerate(rbs):
             if isinstance(rb, ReplayBufferEnsemble):
                 raise TypeError(
@@ -136,12 +139,8 @@ class ReplayBufferEnsemble(ReplayBuffer):
 
     def __getitem__(self, item: int) -> ReplayBuffer:
         """The ``item``-th member buffer."""
-        if isinstance(item, bool) or not isinstance(item, int):
-            raise TypeError(
-                f"Index a ReplayBufferEnsemble with an int to get a member buffer, got "
-                f"{type(item).__name__}. To read data, index a member: rb_ensemble[i][index]."
-            )
-        return self._rbs[_check_member_id(item, len(self._rbs))]
+        hint = "To read data, index a member: rb_ensemble[i][index]."
+        return member_at("ReplayBufferEnsemble", self._rbs, item, hint=hint)
 
     def __repr__(self) -> str:
         return (
@@ -205,7 +204,7 @@ class ReplayBufferEnsemble(ReplayBuffer):
             "_buffers": {str(i): rb.state_dict() for i, rb in enumerate(self._rbs)},
             "_transforms": self._transform.state_dict(),
             "_batch_size": self._batch_size,
-            "_rng": None if rng is None else {"state": rng.get_state().clone(), "device": str(rng.device)},
+            "_rng": generator_to_state(rng),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -222,13 +221,22 @@ class ReplayBufferEnsemble(ReplayBuffer):
                 rb.load_state_dict(buffers[str(i)])
             self._transform.load_state_dict(state_dict["_transforms"])
             self._batch_size = state_dict.get("_batch_size", self._batch_size)
-            rng = state_dict.get("_rng")
+            rng = generator_from_state(state_dict.get("_rng"))
             if rng is not None:
-                generator = torch.Generator(device=rng["device"])
-                generator.set_state(rng["state"])
-                self.set_rng(generator)
+                self.set_rng(rng)
             else:
                 self.set_rng(self._rng)  # members' loaded generators stay unless the ensemble has its own
+
+
+    # -- checkpoint part: the state dict (members, transform, batch size, generator) ----------------------------
+    def checkpoint_part(self, ctx: PartContext) -> tuple[dict, dict]:
+        return dump_state_part(self, ctx)
+
+    def check_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
+        check_state_part(self, doc, tensors, ctx)
+
+    def load_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
+        load_state_part(self, doc, tensors, ctx)
 
 
 def _with_entries(data: TensorDictBase, entries: dict) -> TensorDictBase:

@@ -7,11 +7,11 @@ Kept apart from :mod:`.prioritized` (the sampler and its trees), which re-export
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
 import torch
 
+from torchrl._validation import check_int, check_positive_int, is_real
 from torchrl.data.replay_buffers.samplers.segment_tree import _as_value_array
 
 REDUCTIONS = ("max", "min", "sum", "mean", "median")
@@ -50,8 +50,7 @@ def reduce_priority(priority, reduction: str = "max", *, batch_dims: int = 1) ->
         tensor([2., 1.])
     """
     _check_reduction(reduction)
-    if isinstance(batch_dims, bool) or not isinstance(batch_dims, int) or batch_dims < 0:
-        raise ValueError(f"`batch_dims` must be an int >= 0, got {batch_dims!r}.")
+    check_int("batch_dims", batch_dims, minimum=0, type_error=False)
     priority = torch.as_tensor(priority)
     if priority.ndim <= batch_dims:
         return priority
@@ -70,7 +69,7 @@ def reduce_priority(priority, reduction: str = "max", *, batch_dims: int = 1) ->
 
 
 def _check_exponent(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_real(value):
         raise TypeError(f"`{name}` must be a real number >= 0, got {value!r} ({type(value).__name__}).")
     value = float(value)
     if not (value >= 0 and math.isfinite(value)):
@@ -79,16 +78,7 @@ def _check_exponent(name: str, value) -> float:
 
 
 def _check_max_capacity(max_capacity) -> int:
-    if isinstance(max_capacity, bool) or not isinstance(max_capacity, (int, np.integer)):
-        raise TypeError(
-            f"`max_capacity` must be a positive int (the storage's max_size), got {max_capacity!r} "
-            f"({type(max_capacity).__name__})."
-        )
-    if max_capacity <= 0:
-        raise ValueError(
-            f"`max_capacity` must be a positive int (the storage's max_size), got {max_capacity}."
-        )
-    return int(max_capacity)
+    return check_positive_int("max_capacity", max_capacity, hint="Pass the storage's max_size.")
 
 
 def check_priorities(priority, name: str = "priority", *, fix: str | None = None) -> np.ndarray:

@@ -1,31 +1,29 @@
-"""Validation of the constructor arguments shared by the slice samplers.
+"""The constructor arguments shared by the slice samplers: :class:`SliceArgs`, checked once.
 
-Each helper checks one argument and returns its normalized value; errors name the argument, show the value
-received and say what to pass instead.
+:class:`SliceSampler`, :class:`SliceSamplerWithoutReplacement` and :class:`PrioritizedSliceSampler` keep
+TorchRL's explicit signatures and hand their arguments to :meth:`SliceArgs.from_arguments`, which validates
+and normalizes them in one place. Each helper below checks one argument and returns its normalized value;
+errors name the argument, show the value received and say what to pass instead.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from torchrl._validation import check_positive_int, is_int
 from torchrl.data.replay_buffers.samplers._trajectories import normalize_key
-
-
-def check_positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
-    return value
 
 
 def normalize_span(span) -> tuple[bool | int, bool | int]:
     """``span`` as a ``(left, right)`` pair of bools or non-negative ints."""
 
     def side(value):
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, int) and value >= 0:
+        if isinstance(value, bool) or (is_int(value) and value >= 0):
             return value
         raise TypeError(
             f"`span` must be a bool, a non-negative int or a (left, right) pair of them, got {span!r}."
@@ -99,3 +97,104 @@ def check_use_gpu(use_gpu) -> bool | torch.device:
         f"`use_gpu` must be a bool or a torch.device, got {use_gpu!r}. Pass use_gpu=False (it has no effect "
         f"on this sampler either way)."
     )
+
+
+@dataclass(frozen=True)
+class SliceArgs:
+    """The validated slice arguments (see :class:`SliceSampler` for what each one means).
+
+    ``static`` holds ``(tensor, is_done)`` when ``ends`` (``is_done=True``) or ``trajectories`` was given;
+    ``end_keys`` is a tuple of normalized keys; ``span`` a ``(left, right)`` pair.
+    """
+
+    num_slices: int | None
+    slice_len: int | None
+    end_key: Any
+    end_keys: tuple | None
+    traj_key: Any
+    static: tuple[torch.Tensor, bool] | None
+    cache_values: bool
+    truncated_key: Any
+    strict_length: bool
+    pad_output: bool
+    span: tuple
+    compile: bool | dict
+    use_gpu: bool | torch.device
+
+    @classmethod
+    def from_arguments(cls, arguments: Mapping[str, Any], **fixed) -> SliceArgs:
+        """Checks the slice arguments found by name in a constructor's ``locals()``.
+
+        The names :meth:`check` does not take (``self``, ``max_capacity``, ...) are ignored; the slice
+        arguments a constructor does not take get :meth:`check`'s defaults, and ``fixed`` overrides (e.g.
+        ``cache_values=True``).
+        """
+        names = inspect.signature(cls.check).parameters
+        given = {name: value for name, value in arguments.items() if name in names}
+        return cls.check(**{**given, **fixed})
+
+    @classmethod
+    def check(
+        cls,
+        *,
+        num_slices: int | None = None,
+        slice_len: int | None = None,
+        end_key=None,
+        end_keys=None,
+        traj_key=None,
+        ends: torch.Tensor | None = None,
+        trajectories: torch.Tensor | None = None,
+        cache_values: bool = False,
+        truncated_key=("next", "truncated"),
+        strict_length: bool = True,
+        pad_output: bool = False,
+        compile: bool | dict = False,
+        span: bool | int | tuple = False,
+        use_gpu: bool | torch.device = False,
+    ) -> SliceArgs:
+        """Validates and normalizes the arguments of :class:`SliceSampler` (same names and defaults)."""
+        if (num_slices is None) == (slice_len is None):
+            raise TypeError(
+                f"Pass exactly one of `num_slices` and `slice_len`, got num_slices={num_slices!r} and "
+                f"slice_len={slice_len!r}. The other one is derived from the batch size."
+            )
+        num_slices = check_positive_int("num_slices", num_slices, allow_none=True, type_error=False)
+        slice_len = check_positive_int("slice_len", slice_len, allow_none=True, type_error=False)
+        if pad_output and strict_length:
+            raise ValueError(
+                "`pad_output`=True pads slices shorter than `slice_len`, which `strict_length`=True never "
+                "returns. Pass strict_length=False with pad_output=True."
+            )
+        if ends is not None and trajectories is not None:
+            raise ValueError("Pass at most one of `ends` and `trajectories`; got both.")
+        static = ends if ends is not None else trajectories
+        if static is not None:
+            name = "ends" if ends is not None else "trajectories"
+            if end_key is not None or end_keys is not None or traj_key is not None:
+                raise ValueError(
+                    f"`{name}` gives the trajectories directly and excludes `end_key`/`end_keys`/`traj_key` "
+                    f"(got end_key={end_key!r}, end_keys={end_keys!r}, traj_key={traj_key!r}). Pass one or "
+                    f"the other."
+                )
+            if not cache_values:
+                raise ValueError(
+                    f"`{name}` describes static data and needs `cache_values`=True (got {cache_values!r}); "
+                    f"for data that is still written, pass `end_key` or `traj_key` instead."
+                )
+            static = (check_static(static, name), ends is not None)
+        end_key, end_keys = normalize_end_keys(end_key, end_keys)
+        return cls(
+            num_slices=num_slices,
+            slice_len=slice_len,
+            end_key=end_key,
+            end_keys=end_keys,
+            traj_key=None if traj_key is None else normalize_key(traj_key),
+            static=static,
+            cache_values=bool(cache_values),
+            truncated_key=None if truncated_key is None else normalize_key(truncated_key),
+            strict_length=bool(strict_length),
+            pad_output=bool(pad_output),
+            span=normalize_span(span),
+            compile=check_compile(compile),  # accepted for TorchRL compatibility; no effect (see SliceSampler)
+            use_gpu=check_use_gpu(use_gpu),  # idem
+        )

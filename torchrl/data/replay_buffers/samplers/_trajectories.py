@@ -2,7 +2,7 @@
 
 Data model. A storage is a ring buffer of ``n`` filled rows (time). A 1-D storage is one stream; an
 ``ndim=2`` storage (``[time, envs]``) holds one stream per env column. When the storage is full, the row just
-written (``storage._counters["last_row"]``) holds the newest step and the next row holds the oldest one, so
+written (``storage.last_written_row``) holds the newest step and the next row holds the oldest one, so
 time runs ``last_row + 1, ..., n - 1, 0, ..., last_row``. We call the position of a row in that order its
 *unrolled* position ``u = (row - offset) % n`` with ``offset = last_row + 1`` (``0`` when the storage is not
 full). Streams are laid end to end: the *flat* position of step ``u`` of env ``e`` is ``p = e * n + u``.
@@ -82,16 +82,12 @@ def _get_nested(item, key):
 def has_key(storage, key) -> bool:
     """Whether the items of ``storage`` hold an entry ``key`` (a str or a tuple of str)."""
     if isinstance(storage, TensorStorage):
-        backing = storage._storage
-        if backing is None or storage._codec.kind == "tensor":
-            return False
-        return backing.get(key, None) is not None
+        return storage.get_entry(key) is not None
     if isinstance(storage, ListStorage):
-        items = storage._storage
-        if not items:
+        if not len(storage):
             return False
         try:
-            value = _get_nested(items[0], key)
+            value = _get_nested(storage.get(0), key)
         except (KeyError, TypeError, IndexError, AttributeError):
             return False
         return value is not None  # TensorDict.get returns None for a missing key
@@ -105,9 +101,12 @@ def read_column(storage, key, n_rows: int) -> torch.Tensor:
     Tensor storages return a view of the backing (no copy); a :class:`ListStorage` stacks the items' values.
     """
     if isinstance(storage, TensorStorage):
-        return _check_column(storage._storage.get(key), key)[:n_rows]
+        column = storage.get_entry(key)
+        if column is None:
+            raise KeyError(f"The storage holds no entry {key!r}.")
+        return _check_column(column, key)[:n_rows]
     if isinstance(storage, ListStorage):
-        values = [_check_column(_get_nested(item, key), key) for item in storage._storage[:n_rows]]
+        values = [_check_column(_get_nested(item, key), key) for item in storage.get(slice(0, n_rows))]
         return torch.stack([torch.as_tensor(value) for value in values])
     data = storage.get(slice(None))
     if not isinstance(data, TensorDictBase):
@@ -156,7 +155,7 @@ def as_step_values(column: torch.Tensor, n_rows: int, n_cols: int, *, name: str,
 # -- boundaries ----------------------------------------------------------------------------------------------
 def ring_layout(storage) -> tuple[int, int, int, int]:
     """``(n_rows, n_cols, offset, last_row)`` of a storage's filled part (see the module docstring)."""
-    n_rows = storage._rows_written()
+    n_rows = storage.rows_written()
     n_cols = 1
     if storage.ndim > 1:
         if storage.ndim > 2:
@@ -165,8 +164,7 @@ def ring_layout(storage) -> tuple[int, int, int, int]:
                 f"ndim={storage.ndim}. Flatten the env dims into one before storing."
             )
         n_cols = int(storage.shape[1])
-    counters = getattr(storage, "_counters", None)
-    last_row = counters["last_row"] if counters is not None else n_rows - 1
+    last_row = storage.last_written_row
     if not 0 <= last_row < n_rows:
         last_row = n_rows - 1
     full = storage._is_full

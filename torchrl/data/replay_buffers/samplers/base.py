@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from torchrl._validation import check_bool, check_positive_int
 from torchrl.data.replay_buffers._component import Component
 
 _INT64_MAX = torch.iinfo(torch.int64).max
@@ -86,11 +87,9 @@ class _SamplerMeta(abc.ABCMeta):
 
 def _replacement_target(cls: type, replacement) -> type:
     """The class that ``cls(..., replacement=replacement)`` builds (see :class:`_SamplerMeta`)."""
-    if not isinstance(replacement, bool):
-        raise TypeError(
-            f"`replacement` must be a bool, got {replacement!r} ({type(replacement).__name__}). Pass "
-            f"replacement=False to sample without replacement, or leave it out."
-        )
+    replacement = check_bool(
+        "replacement", replacement, hint="Pass replacement=False to sample without replacement, or leave it out."
+    )
     counterpart = _without_replacement_counterpart(cls)
     if counterpart is not None:  # cls samples without replacement
         if replacement:
@@ -157,8 +156,10 @@ class Sampler(Component, metaclass=_SamplerMeta):
     """
 
     requires_shared_state: bool = True
+    checkpoint_role = "sampler"
     _rng: torch.Generator | None = None
     _remaining_batches: int = _INT64_MAX
+    _ran_out: bool = False
 
     @abc.abstractmethod
     def sample(self, storage, batch_size: int) -> tuple[Any, dict]: ...
@@ -189,12 +190,16 @@ class Sampler(Component, metaclass=_SamplerMeta):
 
     @property
     def ran_out(self) -> bool:
-        """True when a finite sampler finished an epoch with its last batch."""
-        return False
+        """True when a finite sampler finished an epoch with its last batch (never for endless samplers).
+
+        Samplers that run out set ``self._ran_out``; a buffer resets it (``ran_out = False``) when an
+        iteration over it starts.
+        """
+        return self._ran_out
 
     @ran_out.setter
     def ran_out(self, value: bool) -> None:
-        pass
+        self._ran_out = bool(value)
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -211,11 +216,9 @@ class Sampler(Component, metaclass=_SamplerMeta):
 
 def check_batch_size(batch_size) -> int:
     """Validates a sampling ``batch_size`` (a positive int)."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(
-            f"`batch_size` must be a positive int, got {batch_size!r}. Pass it to sample() or to the buffer."
-        )
-    return batch_size
+    return check_positive_int(
+        "batch_size", batch_size, type_error=False, hint="Pass it to sample() or to the buffer."
+    )
 
 
 def unravel(flat: torch.Tensor, storage):

@@ -19,14 +19,11 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from torchrl._validation import check_bool, check_positive_int
 from torchrl.data.replay_buffers._collate import stack_samples
+from torchrl.data.replay_buffers._members import check_members, member_at
 from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size
-from torchrl.data.replay_buffers.storages.ensemble import (
-    StorageEnsemble,
-    _check_member_id,
-    _check_members,
-    _flat_member_index,
-)
+from torchrl.data.replay_buffers.storages.ensemble import StorageEnsemble, _flat_member_index
 
 
 def _check_p(p, n: int) -> torch.Tensor:
@@ -50,9 +47,7 @@ def _check_p(p, n: int) -> torch.Tensor:
 def _check_num_buffer_sampled(num_buffer_sampled, n: int, sample_from_all: bool) -> int:
     if num_buffer_sampled is None:
         return n
-    value = num_buffer_sampled
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`num_buffer_sampled` must be a positive int or None, got {num_buffer_sampled!r}.")
+    check_positive_int("num_buffer_sampled", num_buffer_sampled, allow_none=True, type_error=False)
     if sample_from_all and num_buffer_sampled != n:
         raise ValueError(
             f"`num_buffer_sampled`={num_buffer_sampled} contradicts sample_from_all=True, which draws one "
@@ -101,10 +96,9 @@ class SamplerEnsemble(Sampler):
         sample_from_all: bool = False,
         num_buffer_sampled: int | None = None,
     ) -> None:
-        self._samplers = list(_check_members("SamplerEnsemble", samplers, Sampler))
+        self._samplers = check_members("SamplerEnsemble", samplers, Sampler)
         n = len(self._samplers)
-        if not isinstance(sample_from_all, bool):
-            raise TypeError(f"`sample_from_all` must be a bool, got {sample_from_all!r}.")
+        sample_from_all = check_bool("sample_from_all", sample_from_all)
         if p is not None and sample_from_all:
             raise ValueError(
                 "`p` and sample_from_all=True are exclusive: sample_from_all draws from every buffer, p "
@@ -154,9 +148,7 @@ class SamplerEnsemble(Sampler):
         return len(self._samplers)
 
     def __getitem__(self, item: int) -> Sampler:
-        if isinstance(item, bool) or not isinstance(item, int):
-            raise TypeError(f"Index a SamplerEnsemble with an int (a member), got {type(item).__name__}.")
-        return self._samplers[_check_member_id(item, len(self._samplers))]
+        return member_at("SamplerEnsemble", self._samplers, item)
 
     # -- sampling --------------------------------------------------------------------------------------------
     def _choose(self) -> torch.Tensor:
@@ -206,13 +198,8 @@ class SamplerEnsemble(Sampler):
         self._ran_out = any(self._samplers[i].ran_out for i in set(buffer_ids.tolist()))
         return stack_samples(rows), {"buffer_ids": buffer_ids, "member_info": infos}
 
-    @property
-    def ran_out(self) -> bool:
-        """True when a member sampler used in the last draw finished an epoch."""
-        return self._ran_out
-
-    @ran_out.setter
-    def ran_out(self, value: bool) -> None:
+    @Sampler.ran_out.setter
+    def ran_out(self, value: bool) -> None:  # set on every member too; true after a member's epoch ended
         self._ran_out = bool(value)
         for sampler in self._samplers:
             sampler.ran_out = value

@@ -197,31 +197,21 @@ class PrioritizedSampler(Sampler):
                 f"{self._max_capacity}: build PrioritizedSampler with max_capacity >= the storage's max_size."
             )
         self._remember_shape(storage)
-        sum_tree = self._sum_tree
-        if self._written_end <= n:  # no priority past the stored items: whole-tree reductions suffice
-            prefix = sum_tree._flat_prefix()
-            total = float(prefix[-1])
-        else:  # priorities were set past len(storage) (by a standalone sampler: update_priority without storage)
-            prefix, total = None, sum_tree.query(0, n)
-        if not total > 0:
-            raise RuntimeError(
-                f"Every one of the {n} stored items has priority zero (or none was set): tell the sampler "
-                f"about written items (sampler.extend(index)) or set positive priorities with "
-                f"update_priority()."
-            )
         rng = self._rng
         if rng is None or rng.device.type == "cpu":
             u = torch.rand(batch_size, generator=rng, dtype=torch.float64).numpy()
         else:
             u = torch.rand(batch_size, generator=rng, dtype=torch.float64, device=rng.device).cpu().numpy()
-        v = (1.0 - u) * total  # in (0, total]: a leaf holding zero is never the first to reach v
-        index = sum_tree._scan(v, prefix)
-        leaves = sum_tree._leaves
-        q = leaves[index]
-        if not (index.max() < n and q.min() > 0):  # partial sums rounded past the last positive leaf
-            stray = (index >= n) | (q <= 0)
-            index[stray] = sum_tree._last_positive_at_or_before(index[stray], n)
-            q = leaves[index]
+        # No priority past the stored items: the whole tree is searched (its fast path). Otherwise priorities
+        # were set past len(storage) (a standalone sampler: update_priority without storage).
+        drawn = self._sum_tree.draw(u, end=None if self._written_end <= n else n)
+        if drawn is None:
+            raise RuntimeError(
+                f"Every one of the {n} stored items has priority zero (or none was set): tell the sampler "
+                f"about written items (sampler.extend(index)) or set positive priorities with "
+                f"update_priority()."
+            )
+        index, q = drawn
         q_min = self._stored_min(n)
         weight = np.power(q / q_min, -self._beta)
         numpy_dtype = _NUMPY_DTYPES.get(self._dtype)
@@ -372,8 +362,8 @@ class PrioritizedSampler(Sampler):
             self._written_end = end
         self._priority[flat] = raw
         q = np.power(raw + self._eps, self._alpha)
-        self._sum_tree._update_unique(flat, q)
-        self._min_tree._update_unique(flat, np.where(q > 0, q, np.inf))
+        self._sum_tree.update_unique(flat, q)
+        self._min_tree.update_unique(flat, np.where(q > 0, q, np.inf))
 
     def _track_max(self, flat: np.ndarray, values: np.ndarray, top: float) -> None:
         """Updates the max priority after ``values`` (largest: ``top``) were written at ``flat``."""
@@ -399,21 +389,18 @@ class PrioritizedSampler(Sampler):
         known = ~np.isnan(self._priority)
         q = np.zeros(self._max_capacity)
         q[known] = np.power(self._priority[known] + self._eps, self._alpha)
-        self._sum_tree._leaves[: self._max_capacity] = q
-        self._sum_tree._rebuild()
-        self._min_tree._leaves[: self._max_capacity] = np.where(q > 0, q, np.inf)
-        self._min_tree._rebuild()
+        self._sum_tree.set_all(q)
+        self._min_tree.set_all(np.where(q > 0, q, np.inf))
 
     def _stored_min(self, n: int) -> float:
         """The smallest transformed priority among the first ``n`` positions (``+inf`` if none is positive)."""
         if self._written_end <= n:  # nothing set past them: one pass over the flat level
-            return self._min_tree._flat_total()
+            return self._min_tree.reduce_all()
         return self._min_tree.query(0, n)
 
     def _end_of_written(self) -> int:
         """One past the highest position holding a priority (``0`` if none)."""
-        held = np.flatnonzero((self._sum_tree._leaves != 0) | (self._min_tree._leaves != np.inf))
-        held = held[held < self._max_capacity]
+        held = np.flatnonzero((self._sum_tree.values != 0) | (self._min_tree.values != np.inf))
         return int(held[-1]) + 1 if held.size else 0
 
     def _kept_positions(self, flat: np.ndarray) -> tuple[np.ndarray | None, int]:

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from tensordict import NestedKey
 
+from torchrl.data.replay_buffers.samplers._slice_args import SliceArgs
 from torchrl.data.replay_buffers.samplers.base import check_batch_size
 from torchrl.data.replay_buffers.samplers.prioritized import PrioritizedSampler
 from torchrl.data.replay_buffers.samplers.slice import _BELOW_ONE, SliceSampler, _Boundaries, _Eligible
@@ -99,21 +100,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
             reduction=reduction,
             max_priority_within_buffer=max_priority_within_buffer,
         )
-        SliceSampler.__init__(
-            self,
-            num_slices=num_slices,
-            slice_len=slice_len,
-            end_key=end_key,
-            end_keys=end_keys,
-            traj_key=traj_key,
-            ends=ends,
-            trajectories=trajectories,
-            cache_values=cache_values,
-            truncated_key=truncated_key,
-            strict_length=strict_length,
-            compile=compile,
-            span=span,
-        )
+        self._configure_slices(SliceArgs.from_arguments(locals()))
         if self.span[0] is not False and self.span[0] != 0:
             warnings.warn(
                 f"PrioritizedSliceSampler ignores the left part of `span`={span!r}: slices start at a stored "
@@ -152,7 +139,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         bounds = self._boundaries(storage)
         elig = self._eligible(bounds, slice_len)
         owner, offsets, cells = self._start_cells(bounds, elig, slice_len)
-        q = self._sum_tree._leaves[cells]
+        q = self._sum_tree.values[cells]
         cumulative = np.cumsum(q)
         total = float(cumulative[-1])
         if not total > 0:

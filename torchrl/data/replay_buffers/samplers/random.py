@@ -101,24 +101,24 @@ class SamplerWithoutReplacement(Sampler):
                 f"`batch_size`={batch_size} is larger than the {n} stored items and drop_last=True: every "
                 f"batch would be dropped. Lower the batch size or pass drop_last=False."
             )
+        return unravel(self._next_in_epoch(n, batch_size), storage), {}
+
+    def _next_in_epoch(self, n: int, count: int) -> torch.Tensor:
+        """The next ``count`` (or fewer, at the end) of an epoch over ``n`` things; sets :attr:`ran_out`.
+
+        A new permutation is drawn when ``n`` changed since the last one and once the epoch is over (all
+        visited, or with ``drop_last`` fewer than ``count`` left).
+        """
         if self._perm is None or self._len_storage != n:
             self._new_epoch(n)
         self._ran_out = False
-        flat = self._perm[self._pos : self._pos + batch_size]
-        self._pos += flat.numel()
+        chosen = self._perm[self._pos : self._pos + count]
+        self._pos += chosen.numel()
         remaining = n - self._pos
-        if remaining == 0 or (self.drop_last and remaining < batch_size):
+        if remaining == 0 or (self.drop_last and remaining < count):
             self._ran_out = True
             self._new_epoch(n)
-        return unravel(flat, storage), {}
-
-    @property
-    def ran_out(self) -> bool:
-        return self._ran_out
-
-    @ran_out.setter
-    def ran_out(self, value: bool) -> None:
-        self._ran_out = bool(value)
+        return chosen
 
     def _empty(self) -> None:
         self._perm = None

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchrl._validation import check_int, check_positive_int, is_int
+
 # Levels from the root whose slots ``update`` recomputes whole and ``scan_lower_bound`` searches with one
 # cumsum: 2 ** 11 slots is where a contiguous pass becomes cheaper than per-level scattered gathers.
 _FLAT_LEVEL = 11
@@ -105,13 +107,7 @@ class _SegmentTree:
     _ufunc: np.ufunc
 
     def __init__(self, capacity: int) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
-            raise TypeError(
-                f"`capacity` must be a positive int, got {capacity!r} ({type(capacity).__name__})."
-            )
-        if capacity <= 0:
-            raise ValueError(f"`capacity` must be a positive int, got {capacity}.")
-        self._capacity = int(capacity)
+        self._capacity = check_positive_int("capacity", capacity)
         self._depth = (self._capacity - 1).bit_length()
         self._size = 1 << self._depth
         self._flat_level = min(self._depth, _FLAT_LEVEL)
@@ -128,6 +124,13 @@ class _SegmentTree:
     def capacity(self) -> int:
         """The number of leaves."""
         return self._capacity
+
+    @property
+    def values(self) -> np.ndarray:
+        """The ``capacity`` leaf values: a read-only float64 view (no copy) that follows later updates."""
+        view = self._leaves[: self._capacity]
+        view.flags.writeable = False
+        return view
 
     def __len__(self) -> int:
         return self._capacity
@@ -148,11 +151,37 @@ class _SegmentTree:
 
     __setitem__ = update
 
+    def update_unique(self, index: np.ndarray, value: np.ndarray) -> None:
+        """:meth:`update` for a caller that already holds checked arrays: nothing is validated.
+
+        Args:
+            index (ndarray): int64 leaf positions in ``[0, capacity)``, without repeats.
+            value (ndarray): float64 values, one per position, valid for the tree (for a sum tree finite and
+                ``>= 0``; never NaN).
+        """
+        self._update_unique(index, value)
+
+    def set_all(self, values) -> None:
+        """Replaces every leaf at once (``capacity`` values) and rebuilds the tree: ``O(capacity)``."""
+        values = _as_value_array(values, name="values")
+        if values.size != self._capacity:
+            raise ValueError(f"`values` has {values.size} entries, expected one per leaf ({self._capacity}).")
+        self._check_values(values)
+        self._leaves[: self._capacity] = values
+        self._rebuild()
+
+    def reduce_all(self) -> float:
+        """The reduction of every leaf in one pass over the top kept level.
+
+        Equals ``query()`` (for a sum tree, up to float rounding: the terms are added in another order).
+        """
+        return self._flat_total()
+
     def __getitem__(self, index):
         """Leaf values: a float for an int, a float64 tensor for a tensor, an ndarray otherwise."""
         if isinstance(index, slice):
             return self._leaves[: self._capacity][index].copy()
-        if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
+        if is_int(index):
             return float(self._leaves[self._checked_index(index)[0]])
         values = self._leaves[self._checked_index(index)]
         return torch.from_numpy(values) if isinstance(index, torch.Tensor) else values
@@ -166,8 +195,7 @@ class _SegmentTree:
         """
         end = self._capacity if end is None else end
         for name, bound in (("start", start), ("end", end)):
-            if isinstance(bound, bool) or not isinstance(bound, (int, np.integer)):
-                raise TypeError(f"`{name}` must be an int, got {bound!r} ({type(bound).__name__}).")
+            check_int(name, bound)
         if not 0 <= start <= end <= self._capacity:
             raise ValueError(
                 f"`start`={start} and `end`={end} must satisfy 0 <= start <= end <= capacity "
@@ -340,6 +368,39 @@ class SumSegmentTree(_SegmentTree):
                 found[above] = self._capacity
                 found[v <= 0] = 0
         return torch.from_numpy(found) if isinstance(values, torch.Tensor) else found
+
+    def draw(self, uniform: np.ndarray, end: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """Proportional draws among the leaves before ``end``: the primitive of prioritized sampling.
+
+        Each ``u`` becomes ``v = (1 - u) * S`` in ``(0, S]``, ``S`` the sum of those leaves, and selects the
+        first leaf whose inclusive prefix sum reaches ``v``: leaf ``i`` is drawn with probability
+        ``leaf_i / S`` and a leaf holding ``0`` never (a partial sum rounded past the last positive leaf
+        steps back to it).
+
+        Args:
+            uniform (ndarray): float64 draws in ``[0, 1)``.
+            end (int, optional): one past the last leaf that may be drawn. ``None`` (all leaves) is the
+                fast path, right whenever every leaf from some ``end`` on holds ``0``. Defaults to ``None``.
+
+        Returns:
+            ``(positions, leaf values)``, an int64 and a float64 array of ``uniform``'s size, or ``None``
+            when ``S`` is not positive (nothing can be drawn).
+        """
+        if end is None:
+            prefix = self._flat_prefix()
+            total, limit = float(prefix[-1]), self._capacity
+        else:
+            prefix, total, limit = None, self.query(0, end), end
+        if not total > 0:
+            return None
+        index = self._scan((1.0 - uniform) * total, prefix)
+        leaves = self._leaves
+        found = leaves[index]
+        if not (index.max() < limit and found.min() > 0):  # partial sums rounded past the last positive leaf
+            stray = (index >= limit) | (found <= 0)
+            index[stray] = self._last_positive_at_or_before(index[stray], limit)
+            found = leaves[index]
+        return index, found
 
     def _check_values(self, value: np.ndarray) -> None:
         if value.size and not (value.min() >= 0 and value.max() < np.inf):

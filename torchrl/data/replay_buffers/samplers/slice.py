@@ -15,21 +15,13 @@ from typing import Any
 import torch
 from tensordict import NestedKey
 
-from torchrl.data.replay_buffers.samplers._slice_args import (
-    check_compile,
-    check_positive_int,
-    check_static,
-    check_use_gpu,
-    normalize_end_keys,
-    normalize_span,
-)
+from torchrl.data.replay_buffers.samplers._slice_args import SliceArgs
 from torchrl.data.replay_buffers.samplers._trajectories import (
     TrajectoryIndex,
     as_step_values,
     find_trajectories,
     format_lengths,
     has_key,
-    normalize_key,
     read_column,
     ring_layout,
 )
@@ -187,46 +179,20 @@ class SliceSampler(Sampler):
         span: bool | int | tuple = False,
         use_gpu: bool | torch.device = False,
     ):
-        if (num_slices is None) == (slice_len is None):
-            raise TypeError(
-                f"Pass exactly one of `num_slices` and `slice_len`, got num_slices={num_slices!r} and "
-                f"slice_len={slice_len!r}. The other one is derived from the batch size."
-            )
-        self.num_slices = None if num_slices is None else check_positive_int(num_slices, "num_slices")
-        self.slice_len = None if slice_len is None else check_positive_int(slice_len, "slice_len")
-        if pad_output and strict_length:
-            raise ValueError(
-                "`pad_output`=True pads slices shorter than `slice_len`, which `strict_length`=True never "
-                "returns. Pass strict_length=False with pad_output=True."
-            )
-        if ends is not None and trajectories is not None:
-            raise ValueError("Pass at most one of `ends` and `trajectories`; got both.")
-        static = ends if ends is not None else trajectories
-        if static is not None:
-            name = "ends" if ends is not None else "trajectories"
-            if end_key is not None or end_keys is not None or traj_key is not None:
-                raise ValueError(
-                    f"`{name}` gives the trajectories directly and excludes `end_key`/`end_keys`/`traj_key` "
-                    f"(got end_key={end_key!r}, end_keys={end_keys!r}, traj_key={traj_key!r}). Pass one or "
-                    f"the other."
-                )
-            if not cache_values:
-                raise ValueError(
-                    f"`{name}` describes static data and needs `cache_values`=True (got {cache_values!r}); "
-                    f"for data that is still written, pass `end_key` or `traj_key` instead."
-                )
-            self._static = (check_static(static, name), ends is not None)
-        else:
-            self._static = None
-        self.end_key, self.end_keys = normalize_end_keys(end_key, end_keys)
-        self.traj_key = None if traj_key is None else normalize_key(traj_key)
-        self.cache_values = bool(cache_values)
-        self.truncated_key = None if truncated_key is None else normalize_key(truncated_key)
-        self.strict_length = bool(strict_length)
-        self.pad_output = bool(pad_output)
-        self.span = normalize_span(span)
-        self.compile = check_compile(compile)  # accepted for TorchRL compatibility; no effect (see docstring)
-        self.use_gpu = check_use_gpu(use_gpu)  # idem
+        self._configure_slices(SliceArgs.from_arguments(locals()))
+
+    def _configure_slices(self, args: SliceArgs) -> None:
+        """Takes the checked slice arguments (subclasses build them from their own constructor's)."""
+        self.num_slices, self.slice_len = args.num_slices, args.slice_len
+        self.end_key, self.end_keys, self.traj_key = args.end_key, args.end_keys, args.traj_key
+        self._static = args.static
+        self.cache_values = args.cache_values
+        self.truncated_key = args.truncated_key
+        self.strict_length = args.strict_length
+        self.pad_output = args.pad_output
+        self.span = args.span
+        self.compile = args.compile  # accepted for TorchRL compatibility; no effect (see docstring)
+        self.use_gpu = args.use_gpu  # idem
         self._cache: _Boundaries | None = None
         self._templates: dict = {}
 
@@ -254,9 +220,9 @@ class SliceSampler(Sampler):
     # -- boundaries ------------------------------------------------------------------------------------------
     @staticmethod
     def _cache_key(storage) -> tuple:
-        counters = getattr(storage, "_counters", None)
-        if counters is not None:
-            return (id(storage), "revision", counters["revision"])
+        revision = storage.write_revision
+        if revision is not None:
+            return (id(storage), "revision", revision)
         return (id(storage), "len", len(storage))
 
     def _boundaries(self, storage) -> _Boundaries:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from tensordict import NestedKey
 
+from torchrl.data.replay_buffers.samplers._slice_args import SliceArgs
 from torchrl.data.replay_buffers.samplers.base import register_without_replacement
 from torchrl.data.replay_buffers.samplers.random import SamplerWithoutReplacement
 from torchrl.data.replay_buffers.samplers.slice import SliceSampler, _Eligible
@@ -77,21 +78,7 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         compile: bool | dict = False,
         use_gpu: bool | torch.device = False,
     ):
-        SliceSampler.__init__(
-            self,
-            num_slices=num_slices,
-            slice_len=slice_len,
-            end_key=end_key,
-            end_keys=end_keys,
-            traj_key=traj_key,
-            ends=ends,
-            trajectories=trajectories,
-            cache_values=True,
-            truncated_key=truncated_key,
-            strict_length=strict_length,
-            compile=compile,
-            use_gpu=use_gpu,
-        )
+        self._configure_slices(SliceArgs.from_arguments(locals(), cache_values=True))
         SamplerWithoutReplacement.__init__(self, drop_last=drop_last, shuffle=shuffle)
 
     def _draw_slices(self, elig: _Eligible, num_slices: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,16 +90,7 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
                 f"slices of a batch, and `drop_last`=True drops every batch. Lower `num_slices` (or the "
                 f"batch size) or pass drop_last=False."
             )
-        if self._perm is None or self._len_storage != n:
-            self._new_epoch(n)
-        self._ran_out = False
-        chosen = self._perm[self._pos : self._pos + num_slices]
-        self._pos += chosen.numel()
-        remaining = n - self._pos
-        if remaining == 0 or (self.drop_last and remaining < num_slices):
-            self._ran_out = True
-            self._new_epoch(n)
-        chosen = chosen.to(elig.starts.device)
+        chosen = self._next_in_epoch(n, num_slices).to(elig.starts.device)
         return chosen, self._offsets(elig, chosen, self._uniform(chosen.numel(), chosen.device))
 
     def _empty(self) -> None:

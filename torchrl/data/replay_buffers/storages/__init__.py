@@ -1,5 +1,6 @@
 """Storages: where a replay buffer keeps its data."""
 
+from torchrl.data.replay_buffers.storages._registry import _MEMMAP_STORAGE_REGISTRY  # noqa: F401 (TorchRL path)
 from torchrl.data.replay_buffers.storages.base import Storage
 from torchrl.data.replay_buffers.storages.ensemble import StorageEnsemble
 from torchrl.data.replay_buffers.storages.list import ListStorage

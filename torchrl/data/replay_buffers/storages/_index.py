@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from torchrl._validation import is_int as _is_int_value
+
 
 def is_int(index) -> bool:
-    if isinstance(index, bool):
-        return False
-    if isinstance(index, (int, np.integer)):
-        return True
-    return isinstance(index, (torch.Tensor, np.ndarray)) and index.ndim == 0 and not _is_bool(index)
+    """Whether ``index`` designates one item: an int, a numpy integer or a 0-d integer tensor/ndarray."""
+    if isinstance(index, (torch.Tensor, np.ndarray)):
+        return index.ndim == 0 and not _is_bool(index)
+    return _is_int_value(index)
 
 
 def _is_bool(index) -> bool:

@@ -13,6 +13,11 @@ Contract for subclasses:
   per-dimension index tensors; tensor storages read a batch with one vectorized gather;
 - ``__len__``, ``state_dict()``/``load_state_dict()``, ``_empty()``.
 
+What readers other than ``get`` use (slice samplers finding trajectories): :meth:`Storage.rows_written`,
+:attr:`Storage.last_written_row` (where a full ring buffer wrapped), :attr:`Storage.write_revision` (what
+caches key on) and, on tensor storages, :meth:`TensorStorage.get_entry` (one entry over all rows, no copy).
+A ring-buffer subclass that wraps overrides the first three.
+
 Writers call :meth:`Storage.mark_update` after each write, which forwards the written index to every
 attached entity (the buffers that use the storage; they forward it to their sampler). When a storage moves to
 shared memory (:meth:`share_memory_`), it calls ``entity.share_memory_()`` on each attached entity, so a buffer
@@ -27,8 +32,11 @@ from typing import Any
 
 import torch
 
+from torchrl._validation import check_positive_int
 from torchrl.data.replay_buffers._component import Component
 from torchrl.data.replay_buffers._shared import NULL_LOCK
+from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
+from torchrl.data.replay_buffers.storages.dataset import StorageDataset
 
 
 class Storage(Component, abc.ABC):
@@ -41,11 +49,18 @@ class Storage(Component, abc.ABC):
         ndim (int): the number of leading dimensions that index items. Defaults to ``1``.
         requires_shared_state (bool): ``True`` for a storage whose reads depend on per-process state (a
             stream position), which a DataLoader worker copy would duplicate. Defaults to ``False``.
+        is_ensemble (bool): ``True`` for a storage whose items live in several member storages with their own
+            indices (:class:`~torchrl.data.StorageEnsemble`), which :meth:`as_dataset` refuses. Defaults to
+            ``False``.
     """
 
     ndim: int = 1
     requires_shared_state: bool = False
+    is_ensemble: bool = False
+    checkpoint_role = "storage"
     _rng: torch.Generator | None = None
+    _default_checkpointer: type[StorageCheckpointerBase] = StorageCheckpointerBase
+    _checkpointer: StorageCheckpointerBase | None = None
 
     def __init__(self, max_size: int):
         self.max_size = _check_max_size(max_size)
@@ -144,22 +159,74 @@ class Storage(Component, abc.ABC):
     def _is_full(self) -> bool:
         return len(self) >= self.max_size
 
-    def _rows_written(self) -> int:
+    def rows_written(self) -> int:
         """How many rows along the first dimension hold data (``len(self)`` for 1-D storages)."""
         return len(self)
+
+    @property
+    def last_written_row(self) -> int:
+        """The row written last, which holds the newest data (``rows_written() - 1`` here; ``-1`` when empty).
+
+        A ring-buffer storage that wraps reports the row it wrote last, so that readers can tell the newest
+        row from the oldest one, which follows it.
+        """
+        return self.rows_written() - 1
+
+    @property
+    def write_revision(self) -> int | None:
+        """A number that changes with every write, load and ``empty()``: caches of values derived from the
+        content key on it. ``None`` for a storage that keeps none (key on ``len()`` instead)."""
+        return None
 
     def flatten(self) -> Storage:
         """Returns a 1-D storage over the same items (``self`` for 1-D storages)."""
         return self
 
-    def as_dataset(self, *, share_memory: bool = True):
+    def as_dataset(self, *, share_memory: bool = True, transport: str = "ring") -> StorageDataset:
         """A map-style :class:`torch.utils.data.Dataset` view of this storage.
 
-        See :class:`~torchrl.data.StorageDataset`.
+        See :class:`~torchrl.data.StorageDataset` for ``share_memory`` and ``transport`` (how worker processes
+        send batches back: ``"ring"``, ``"consolidated"`` or ``"torch"``).
         """
-        from torchrl.data.replay_buffers.dataloader import StorageDataset
+        return StorageDataset(self, share_memory=share_memory, transport=transport)
 
-        return StorageDataset(self, share_memory=share_memory)
+    # -- checkpoints ------------------------------------------------------------------------------------------
+    @property
+    def checkpointer(self) -> StorageCheckpointerBase:
+        """What :meth:`dumps` and :meth:`loads` delegate to (TorchRL's seam); every checkpointer writes the
+        pickle-free format of :mod:`torchrl.data.replay_buffers.checkpointers`. Setting ``None`` restores the
+        default of the storage class (e.g. :class:`~torchrl.data.TensorStorageCheckpointer`)."""
+        if self._checkpointer is None:
+            self._checkpointer = self._default_checkpointer()
+        return self._checkpointer
+
+    @checkpointer.setter
+    def checkpointer(self, checkpointer: StorageCheckpointerBase | None) -> None:
+        default = self._default_checkpointer
+        if checkpointer is not None and not isinstance(checkpointer, StorageCheckpointerBase):
+            raise TypeError(
+                f"`checkpointer` must be a StorageCheckpointerBase (e.g. {default.__name__}()) or None, got "
+                f"{checkpointer!r} ({type(checkpointer).__name__})."
+            )
+        family = next((c for c in type(checkpointer).__mro__ if c.__dict__.get("saves")), None)
+        if family is not None and not issubclass(default, family):
+            raise TypeError(
+                f"`checkpointer` {checkpointer!r} saves {family.saves}, not a {type(self).__name__}. Use "
+                f"{default.__name__}() or None (the default of this storage)."
+            )
+        self._checkpointer = checkpointer
+
+    def dumps(self, path, **kwargs) -> None:
+        """Saves this storage to the checkpoint directory ``path`` through :attr:`checkpointer`.
+
+        Keyword arguments (``fsync``, ``progress``) go to the checkpointer's ``dumps``.
+        """
+        self.checkpointer.dumps(self, path, **kwargs)
+
+    def loads(self, path) -> None:
+        """Loads a checkpoint written by :meth:`dumps` into this storage (validated first) through
+        :attr:`checkpointer`."""
+        self.checkpointer.loads(self, path)
 
     def __getstate__(self):
         state = super().__getstate__()
@@ -186,11 +253,6 @@ class CheckedWrite:
 
 
 def _check_max_size(max_size) -> int:
-    if isinstance(max_size, bool) or not isinstance(max_size, (int, torch.SymInt)) and not (
-        isinstance(max_size, torch.Tensor) and max_size.numel() == 1
-    ):
-        raise TypeError(f"`max_size` must be a positive int, got {max_size!r} ({type(max_size).__name__}).")
-    max_size = int(max_size)
-    if max_size <= 0:
-        raise ValueError(f"`max_size` must be a positive int, got {max_size}.")
-    return max_size
+    if isinstance(max_size, torch.SymInt) or (isinstance(max_size, torch.Tensor) and max_size.numel() == 1):
+        max_size = int(max_size)
+    return check_positive_int("max_size", max_size)

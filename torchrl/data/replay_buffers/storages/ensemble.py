@@ -22,6 +22,9 @@ import torch
 from tensordict import TensorDictBase
 
 from torchrl.data.replay_buffers._collate import stack_samples
+from torchrl.data.replay_buffers._members import check_members, check_per_member, member_id
+from torchrl.data.replay_buffers.checkpointers import StorageEnsembleCheckpointer
+from torchrl.data.replay_buffers.storages._index import is_int
 from torchrl.data.replay_buffers.storages.base import Storage
 from torchrl.envs.transforms.transforms import Compose, as_transform
 
@@ -31,26 +34,6 @@ def _write_refused(what: str):
         f"A StorageEnsemble is read-only: {what} write into the member buffers (or storages) instead, e.g. "
         f"rb_ensemble[i].extend(data) or storage_ensemble[i].set(index, data)."
     )
-
-
-def _check_members(kind: str, members: tuple, cls: type) -> tuple:
-    if not members:
-        raise ValueError(f"A {kind} needs at least one member {cls.__name__}; got none.")
-    for i, member in enumerate(members):
-        if not isinstance(member, cls):
-            raise TypeError(
-                f"Member {i} of a {kind} must be a {cls.__name__}, got {type(member).__name__}. Pass "
-                f"{cls.__name__} instances as positional arguments."
-            )
-    return members
-
-
-def _check_per_member(name: str, values, n: int) -> list:
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise TypeError(f"`{name}` must be a list with one entry per member, got {type(values).__name__}.")
-    if len(values) != n:
-        raise ValueError(f"`{name}` must have one entry per member ({n}), got {len(values)}.")
-    return list(values)
 
 
 def _as_member_transform(transform) -> Compose:
@@ -96,7 +79,8 @@ class StorageEnsemble(Storage):
     """
 
     ndim = 1
-    _is_ensemble = True  # read by StorageDataset, which refuses ensembles
+    is_ensemble = True  # StorageDataset refuses ensembles
+    _default_checkpointer = StorageEnsembleCheckpointer
 
     def __init__(
         self,
@@ -104,11 +88,11 @@ class StorageEnsemble(Storage):
         transforms: Sequence | None = None,
         collate_fns: Sequence[Callable] | None = None,
     ) -> None:
-        self._storages = list(_check_members("StorageEnsemble", storages, Storage))
+        self._storages = check_members("StorageEnsemble", storages, Storage)
         n = len(self._storages)
-        transforms = [None] * n if transforms is None else _check_per_member("transforms", transforms, n)
+        transforms = [None] * n if transforms is None else check_per_member("transforms", transforms, n)
         self._transforms = [_as_member_transform(t) for t in transforms]
-        collate_fns = [None] * n if collate_fns is None else _check_per_member("collate_fns", collate_fns, n)
+        collate_fns = [None] * n if collate_fns is None else check_per_member("collate_fns", collate_fns, n)
         for i, fn in enumerate(collate_fns):
             if fn is not None and not callable(fn):
                 raise TypeError(f"`collate_fns[{i}]` must be callable or None, got {type(fn).__name__}.")
@@ -165,13 +149,12 @@ class StorageEnsemble(Storage):
 
     def __getitem__(self, item):
         """The ``item``-th storage (int), or a sub-ensemble (slice or list of ints)."""
-        is_int = isinstance(item, (int, torch.Tensor)) and not isinstance(item, bool)
-        if is_int and torch.as_tensor(item).ndim == 0:
-            return self._storages[_check_member_id(int(item), len(self._storages))]
+        if is_int(item):  # an int, a numpy integer or a 0-d integer tensor
+            return self._storages[member_id(int(item), len(self._storages))]
         if isinstance(item, slice):
             ids = list(range(len(self._storages)))[item]
         elif isinstance(item, (list, tuple, torch.Tensor)):
-            ids = [_check_member_id(int(i), len(self._storages)) for i in item]
+            ids = [member_id(int(i), len(self._storages)) for i in item]
         else:
             raise TypeError(
                 f"Index a StorageEnsemble with an int (a member), a slice or a list of ints (a "
@@ -199,8 +182,8 @@ class StorageEnsemble(Storage):
     def _is_full(self) -> bool:
         return all(s._is_full for s in self._storages)
 
-    def _rows_written(self) -> int:
-        return sum(s._rows_written() for s in self._storages)
+    def rows_written(self) -> int:
+        return sum(s.rows_written() for s in self._storages)
 
     # -- writes are refused ---------------------------------------------------------------------------------
     def set(self, cursor, data, *, set_cursor: bool = True) -> None:
@@ -239,12 +222,6 @@ class StorageEnsemble(Storage):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(map(repr, self._storages))})"
-
-
-def _check_member_id(i: int, n: int) -> int:
-    if not -n <= i < n:
-        raise IndexError(f"Member {i} is out of range for an ensemble of {n} members.")
-    return i % n
 
 
 def _member_index(positions: torch.Tensor, storage: Storage):

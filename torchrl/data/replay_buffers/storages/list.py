@@ -14,7 +14,10 @@ import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDictBase, is_tensorclass
 
+import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
+from torchrl.data.replay_buffers._persistence import PartContext
 from torchrl.data.replay_buffers._shared import is_spawning
+from torchrl.data.replay_buffers.checkpointers import ListStorageCheckpointer
 from torchrl.data.replay_buffers.storages._index import as_index_tensor, check_bounds, check_int, is_int
 from torchrl.data.replay_buffers.storages.base import Storage
 
@@ -57,6 +60,8 @@ class ListStorage(Storage):
         >>> len(storage), storage.get(2)
         (3, 'any object')
     """
+
+    _default_checkpointer = ListStorageCheckpointer
 
     def __init__(self, max_size: int | None = None, *, device=None):
         super().__init__(_UNBOUNDED if max_size is None else max_size)
@@ -134,6 +139,16 @@ class ListStorage(Storage):
             item.clone() if isinstance(item, (torch.Tensor, TensorDictBase)) or is_tensorclass(item) else item
             for item in items
         ]
+
+    # -- checkpoint part (the protocol of torchrl.data.replay_buffers._persistence) ------------------------------
+    def checkpoint_part(self, ctx: PartContext) -> tuple[dict, dict]:
+        return _ckpt.list_storage_part(self, list(self._storage), ctx)
+
+    def check_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
+        _ckpt.check_list_storage_part(self, doc, tensors, ctx)
+
+    def load_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
+        self.load_state_dict({"_storage": _ckpt.list_storage_items(doc, tensors)})
 
     def __getstate__(self):
         if is_spawning():

@@ -17,7 +17,9 @@ from pathlib import Path
 import torch
 from tensordict import TensorDictBase
 
+import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
 from torchrl.data.replay_buffers._cleanup import make_scratch_dir, remove_owned_path
+from torchrl.data.replay_buffers.storages._registry import register_memmap_storage
 from torchrl.data.replay_buffers.storages.tensor import LazyTensorStorage
 
 
@@ -70,6 +72,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         self._memmap_dir: str | None = None
         self._owns_dir = False
         self._make_shared()  # files are shared by every process that opens them: so are the counters
+        register_memmap_storage(self)  # the _MEMMAP_STORAGE_REGISTRY view
 
     def _allocate(self, item: TensorDictBase, rows: int) -> TensorDictBase:
         if self.scratch_dir is None:
@@ -86,6 +89,14 @@ class LazyMemmapStorage(LazyTensorStorage):
         self._memmap_dir = path
         template = item.expand(rows, *item.batch_size)
         return template.memmap_like(prefix=path, existsok=True)
+
+    def _backing_for_checkpoint(self, doc: dict, tensors) -> TensorDictBase:
+        """Maps the checkpoint's files in place when ``scratch_dir`` is the checkpoint's storage directory."""
+        mapped = None if self.scratch_dir is None else _ckpt.map_checkpoint_files(doc, tensors, self.scratch_dir)
+        if mapped is None:
+            return super()._backing_for_checkpoint(doc, tensors)
+        self._memmap_dir = self.scratch_dir
+        return mapped
 
     @property
     def memmap_dir(self) -> str | None:

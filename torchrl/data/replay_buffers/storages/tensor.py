@@ -19,6 +19,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
+from torchrl._validation import check_bool, check_positive_int
+from torchrl.data.replay_buffers._persistence import PartContext
 from torchrl.data.replay_buffers._shared import (
     NULL_LOCK,
     ProcessLock,
@@ -26,18 +29,13 @@ from torchrl.data.replay_buffers._shared import (
     SharedCounters,
     is_spawning,
 )
+from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer
 from torchrl.data.replay_buffers.storages._casts import check_cast
 from torchrl.data.replay_buffers.storages._codec import DataCodec, check_tensor_only
 from torchrl.data.replay_buffers.storages._index import as_index_tensor, check_bounds, check_int, is_int
 from torchrl.data.replay_buffers.storages.base import CheckedWrite, Storage, _check_max_size
 
 _COUNTERS = ("rows", "last_row", "revision")
-
-
-def _check_ndim(ndim) -> int:
-    if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 1:
-        raise ValueError(f"`ndim` must be an int >= 1, got {ndim!r}.")
-    return ndim
 
 
 class TensorStorage(Storage):
@@ -71,11 +69,13 @@ class TensorStorage(Storage):
         tensor([0., 3.])
     """
 
+    _default_checkpointer = TensorStorageCheckpointer
+
     def __init__(
         self, storage=None, max_size: int | None = None, *, device="cpu", ndim: int = 1, consistent_reads: bool = True
     ):
-        self.ndim = _check_ndim(ndim)
-        self.consistent_reads = _check_bool("consistent_reads", consistent_reads)
+        self.ndim = check_positive_int("ndim", ndim, type_error=False)
+        self.consistent_reads = check_bool("consistent_reads", consistent_reads)
         self._lock: ProcessLock | None = None
         self._versions: RowVersions | None = None
         self._creator_pid = os.getpid()
@@ -182,8 +182,29 @@ class TensorStorage(Storage):
         extra = _leading_shape(td)[skip : skip + self.ndim - 1]
         return -(-self.max_size // max(1, math.prod(extra)))
 
-    def _rows_written(self) -> int:
+    def rows_written(self) -> int:
         return self._counters["rows"]
+
+    @property
+    def last_written_row(self) -> int:
+        return self._counters["last_row"]
+
+    @property
+    def write_revision(self) -> int:
+        return self._counters["revision"]
+
+    def get_entry(self, key):
+        """The stored values of entry ``key`` over every row of the backing, or ``None`` if there is none.
+
+        A view of the backing (no copy): rows from :meth:`rows_written` on hold no data yet. ``None`` when the
+        storage holds no data yet, holds plain tensors (no entries), or its items have no entry ``key``.
+
+        Args:
+            key (NestedKey): the entry, a str or a tuple of str.
+        """
+        if self._storage is None or self._codec.kind == "tensor":
+            return None
+        return self._storage.get(key, None)
 
     def __len__(self) -> int:
         rows = self._counters["rows"]
@@ -479,7 +500,7 @@ class TensorStorage(Storage):
         if self._storage is None:
             rows = backing.batch_size[0]
             self._adopt(self._allocate(backing[0], rows), codec)
-        _check_same_layout(self._storage, backing)
+        _ckpt.check_same_layout(self._storage, backing)
         with self.write_lock:
             versions = self._versions
             everything = slice(None)
@@ -492,6 +513,29 @@ class TensorStorage(Storage):
             self._counters["rows"] = int(state_dict["_len"])
             self._counters["last_row"] = int(state_dict.get("_last_row", int(state_dict["_len"]) - 1))
             self._counters["revision"] += 1
+
+    # -- checkpoint part (the protocol of torchrl.data.replay_buffers._persistence) ------------------------------
+    def checkpoint_part(self, ctx: PartContext) -> tuple[dict, dict]:
+        rows, last_row = self._counters["rows"], self._counters["last_row"]
+        return _ckpt.tensor_storage_part(self, self._storage, self._codec, rows, last_row, ctx)
+
+    def check_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
+        _ckpt.check_tensor_storage_part(self, self._storage, doc, tensors, ctx)
+
+    def load_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
+        if not doc.get("initialized"):
+            return self._empty()
+        codec = DataCodec.from_json(doc["codec"])
+        if self._storage is None:
+            self._adopt(self._backing_for_checkpoint(doc, tensors), codec)
+        _ckpt.copy_saved_rows(doc, tensors, self._storage)
+        self._codec = codec
+        self._counters["rows"], self._counters["last_row"] = doc["rows"], doc["last_row"]
+        self._counters["revision"] += 1
+
+    def _backing_for_checkpoint(self, doc: dict, tensors) -> TensorDictBase:
+        """The backing a checkpoint is loaded into, for a storage that holds no data yet."""
+        return self._allocate(_ckpt.item_template(doc), doc["batch_size"][0])
 
     def __getstate__(self):
         if is_spawning() and not self.is_shared:
@@ -535,12 +579,6 @@ class LazyTensorStorage(TensorStorage):
         super().__init__(None, max_size=max_size, device=device, ndim=ndim, consistent_reads=consistent_reads)
 
 
-def _check_bool(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"`{name}` must be a bool, got {value!r} ({type(value).__name__}).")
-    return value
-
-
 def _leading_shape(td: TensorDictBase) -> torch.Size:
     """The batch size of ``td``, or the shape of its first leaf when the batch size is empty."""
     if td.batch_dims:
@@ -554,20 +592,3 @@ def _with_batch(td: TensorDictBase, batch) -> TensorDictBase:
     out = td.copy()
     out.batch_size = torch.Size(batch)
     return out
-
-
-def _check_same_layout(dst: TensorDictBase, src: TensorDictBase) -> None:
-    dst_keys = set(dst.keys(True, True))
-    src_keys = set(src.keys(True, True))
-    if dst_keys != src_keys:
-        raise ValueError(
-            f"The state to load holds keys {sorted(map(str, src_keys))}, the storage holds "
-            f"{sorted(map(str, dst_keys))}."
-        )
-    for key in dst_keys:
-        a, b = dst.get(key), src.get(key)
-        if a.shape != b.shape or a.dtype != b.dtype:
-            raise ValueError(
-                f"Entry {key!r}: the state to load has shape {list(b.shape)} and dtype {b.dtype}, the "
-                f"storage has {list(a.shape)} and {a.dtype}."
-            )

@@ -16,7 +16,10 @@ import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDictBase, is_tensorclass
 
+from torchrl.data.replay_buffers._checkpoint_validate import check_int_field
 from torchrl.data.replay_buffers._component import Component
+from torchrl.data.replay_buffers._persistence import PartContext, check_state_counters
+from torchrl.data.replay_buffers._shared import SharedCounters
 
 
 class Writer(Component, abc.ABC):
@@ -24,6 +27,8 @@ class Writer(Component, abc.ABC):
 
     _storage = None
     _rng: torch.Generator | None = None
+    _counters: SharedCounters | None = None  # "cursor" and "write_count", for writers that keep them
+    checkpoint_role = "writer"
 
     def register_storage(self, storage) -> None:
         """Sets the storage this writer writes into (and shares the writer's cursor if the storage is shared)."""
@@ -40,11 +45,30 @@ class Writer(Component, abc.ABC):
         """
         return data
 
+    def _init_counters(self) -> None:
+        """Gives the writer a cursor and a write count, both ``0`` (see :attr:`cursor`, :attr:`write_count`)."""
+        self._counters = SharedCounters(("cursor", "write_count"))
+
+    @property
+    def cursor(self) -> int:
+        """Where the next write goes: the next row of a ring-buffer writer, the number of filled slots of a
+        :class:`~torchrl.data.TensorDictMaxValueWriter`; ``0`` for a writer that keeps no cursor."""
+        return 0 if self._counters is None else self._counters["cursor"]
+
+    @property
+    def write_count(self) -> int:
+        """The number of items written (offered, for a max-value writer) since creation or the last
+        ``empty()``; ``0`` for a writer that keeps no count."""
+        return 0 if self._counters is None else self._counters["write_count"]
+
     def share_memory_(self) -> Writer:
-        """Moves the writer's cursor to shared memory, for a storage written by several processes.
+        """Moves the writer's cursor and write count to shared memory, for a storage written by several
+        processes, so that they all write at the same cursor.
 
         A no-op for writers that keep no cursor.
         """
+        if self._counters is not None:
+            self._counters.share_memory_()
         return self
 
     def _require_storage(self):
@@ -69,6 +93,17 @@ class Writer(Component, abc.ABC):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         return None
+
+    def check_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
+        """Checks the saved state like every component, and that its counters (``_cursor``, ``_write_count``)
+        are ints >= 0, the cursor within the rows of the storage saved with it (in a buffer's checkpoint)."""
+        super().check_checkpoint_part(doc, tensors, ctx)
+        scalars = check_state_counters(self, doc, ctx, ("_cursor", "_write_count"))
+        rows = ctx.facts.get("storage_rows")
+        if rows is not None and "_cursor" in scalars:
+            where = f"The {type(self).__name__} state in the checkpoint {ctx.path!r}"
+            fix = f"The writer's cursor is a row of the storage, which has {rows} rows."
+            check_int_field(scalars["_cursor"], "_cursor", where, 0, rows, fix=fix)
 
     def _replicate_index(self, index):
         """Row positions -> cell positions (``[N * cells, ndim]``) for storages with ``ndim > 1``."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchrl.data.replay_buffers.storages.ensemble import _check_members
+from torchrl.data.replay_buffers._members import check_members, member_at
 from torchrl.data.replay_buffers.writers.base import Writer
 
 
@@ -43,7 +43,7 @@ class WriterEnsemble(Writer):
     """
 
     def __init__(self, *writers: Writer) -> None:
-        self._writers = list(_check_members("WriterEnsemble", writers, Writer))
+        self._writers = check_members("WriterEnsemble", writers, Writer)
 
     @property
     def writers(self) -> list[Writer]:
@@ -53,18 +53,13 @@ class WriterEnsemble(Writer):
     @property
     def write_count(self) -> int:
         """The sum of the members' write counts."""
-        return sum(getattr(w, "write_count", 0) for w in self._writers)
+        return sum(w.write_count for w in self._writers)
 
     def __len__(self) -> int:
         return len(self._writers)
 
     def __getitem__(self, item: int) -> Writer:
-        if isinstance(item, bool) or not isinstance(item, int):
-            raise TypeError(f"Index a WriterEnsemble with an int (a member), got {type(item).__name__}.")
-        n = len(self._writers)
-        if not -n <= item < n:
-            raise IndexError(f"Member {item} is out of range for an ensemble of {n} members.")
-        return self._writers[item]
+        return member_at("WriterEnsemble", self._writers, item)
 
     def add(self, data) -> Any:
         _refuse("write")

@@ -29,7 +29,6 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from torchrl.data.replay_buffers._shared import SharedCounters
 from torchrl.data.replay_buffers.writers.base import Writer
 
 _REDUCTIONS = ("max", "min", "mean", "median", "sum")
@@ -103,7 +102,7 @@ class TensorDictMaxValueWriter(Writer):
             raise ValueError(f"`reduction` must be one of {list(_REDUCTIONS)}, got {reduction!r}.")
         self._rank_key = _check_rank_key(rank_key)
         self._reduction = reduction
-        self._counters = SharedCounters(("cursor", "write_count"))
+        self._init_counters()
         self._ranks: torch.Tensor | None = None  # [capacity] float64, shared memory
         # a lower bound of the stored ranks once full: items not above it are rejected without an O(k) scan
         self._floor = torch.full((1,), float("-inf"), dtype=torch.float64).share_memory_()
@@ -118,16 +117,6 @@ class TensorDictMaxValueWriter(Writer):
     def reduction(self) -> str:
         """How a rank entry is reduced to one number per item."""
         return self._reduction
-
-    @property
-    def cursor(self) -> int:
-        """The number of filled slots (the next free slot while the storage is not full)."""
-        return self._counters["cursor"]
-
-    @property
-    def write_count(self) -> int:
-        """The number of items offered to the writer (inserted or not) since creation or ``empty()``."""
-        return self._counters["write_count"]
 
     @property
     def ranks(self) -> torch.Tensor:

@@ -7,7 +7,6 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from torchrl.data.replay_buffers._shared import SharedCounters
 from torchrl.data.replay_buffers.writers.base import Writer, batch_len, take_last
 
 
@@ -32,21 +31,7 @@ class RoundRobinWriter(Writer):
     """
 
     def __init__(self) -> None:
-        self._counters = SharedCounters(("cursor", "write_count"))
-
-    def share_memory_(self) -> RoundRobinWriter:
-        self._counters.share_memory_()
-        return self
-
-    @property
-    def cursor(self) -> int:
-        """The next row to write."""
-        return self._counters["cursor"]
-
-    @property
-    def write_count(self) -> int:
-        """The number of items written since creation (or the last ``empty()``)."""
-        return self._counters["write_count"]
+        self._init_counters()
 
     def _prepare(self, data, index):
         """Hook for subclasses to edit the data knowing where it goes (``index`` a row or row tensor, or

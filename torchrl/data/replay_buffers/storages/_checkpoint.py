@@ -1,0 +1,283 @@
+"""The checkpoint parts of tensor and list storages, as functions of the values the storage hands over.
+
+:class:`~torchrl.data.TensorStorage` and :class:`~torchrl.data.ListStorage` implement the part protocol of
+:mod:`torchrl.data.replay_buffers._persistence` in their own files and call these helpers with their fields
+(backing TensorDict, row counters, items); nothing here reads a storage's attributes.
+
+Tensor storage part (``doc``): ``class``, ``max_size``, ``ndim``, ``initialized`` and, once initialized,
+``codec``, ``batch_size`` (the backing's grid), ``rows``, ``last_row``, ``saved_rows`` (the rows saved: the
+written ones, or every row when the files are linked whole) and ``leaves`` (``key``, ``tensor`` name, full
+``shape``, ``dtype``). The rows of each leaf are the tensor ``<prefix>storage/<key path>``.
+
+List storage part: ``class``, ``max_size``, ``count`` and ``layout``: ``"empty"``, ``"stacked"`` (one entry
+whose leaves stack every item) or ``"items"`` (one entry per item); each entry holds a data ``codec``, a
+``batch_size`` and its ``leaves``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
+
+import torchrl.data.replay_buffers._checkpoint_io as _io
+from torchrl.data.replay_buffers._checkpoint_io import CheckpointError
+from torchrl.data.replay_buffers._checkpoint_validate import check_int_field
+from torchrl.data.replay_buffers._persistence import PartContext, check_class, mismatch, qualname
+from torchrl.data.replay_buffers.storages._codec import DataCodec
+
+
+def _leaf_names(keys: list[tuple]) -> list[str]:
+    names = ["/".join(key) for key in keys]
+    if all(_io.name_problem(n) is None for n in names) and len(set(names)) == len(names):
+        return names
+    return [f"leaf_{i}" for i in range(len(keys))]
+
+
+def _key_tuple(key) -> tuple:
+    return key if isinstance(key, tuple) else (key,)
+
+
+def _leaf_keys(td: TensorDictBase) -> list[tuple]:
+    return [_key_tuple(k) for k in td.keys(include_nested=True, leaves_only=True)]
+
+
+def _files_under(backing: TensorDictBase, directory: str) -> bool:
+    files = [getattr(v, "filename", None) for v in backing.values(include_nested=True, leaves_only=True)]
+    root = os.path.realpath(directory) + os.sep
+    return bool(files) and all(f is not None and os.path.realpath(f).startswith(root) for f in files)
+
+
+# -- tensor storages --------------------------------------------------------------------------------------------
+def tensor_storage_part(
+    storage, backing: TensorDictBase | None, codec: DataCodec | None, rows: int, last_row: int, ctx: PartContext
+) -> tuple[dict, dict]:
+    """The part of a tensor storage whose data is ``backing`` (``None`` before the first write).
+
+    When every file of a memory-mapped backing lies in the checkpoint's own ``storage`` directory, every row is
+    saved, so that ``write_checkpoint`` hard-links the files instead of copying them.
+    """
+    doc: dict[str, Any] = {
+        "class": qualname(storage),
+        "max_size": storage.max_size,
+        "ndim": storage.ndim,
+        "initialized": backing is not None,
+    }
+    if backing is None:
+        return {}, doc
+    whole = _files_under(backing, os.path.join(ctx.path, ctx.prefix + "storage"))
+    saved_rows = backing.batch_size[0] if whole else rows
+    keys = _leaf_keys(backing)
+    tensors, leaves = {}, []
+    for key, name in zip(keys, _leaf_names(keys)):
+        leaf = backing.get(key)
+        tensors[ctx.name(f"storage/{name}")] = leaf[:saved_rows]
+        leaves.append(
+            {"key": list(key), "tensor": ctx.name(f"storage/{name}"), "shape": list(leaf.shape),
+             "dtype": _io.dtype_name(leaf.dtype)}
+        )
+    doc.update(
+        codec=codec.to_json(),
+        batch_size=list(backing.batch_size),
+        rows=rows,
+        last_row=last_row,
+        saved_rows=saved_rows,
+        leaves=leaves,
+    )
+    return tensors, doc
+
+
+def check_tensor_storage_part(
+    storage, backing: TensorDictBase | None, doc: dict, tensors: Mapping, ctx: PartContext
+) -> None:
+    """Raises if ``doc`` does not fit ``storage`` (``backing``: its data, ``None`` before the first write).
+
+    Records ``ctx.facts["storage_rows"]``, the rows of the saved storage (its ``max_size`` before it held data).
+    """
+    check_class(storage, doc, "storage")
+    for attr in ("max_size", "ndim"):
+        if doc.get(attr) != getattr(storage, attr):
+            fix = f"Build it with the same {attr}."
+            raise mismatch(f"the storage {attr}", doc.get(attr), getattr(storage, attr), fix)
+    if not doc.get("initialized"):
+        ctx.facts["storage_rows"] = storage.max_size
+        return
+    ctx.facts["storage_rows"] = _check_counters(storage, doc, ctx)
+    DataCodec.from_json(doc["codec"])  # raises if e.g. the tensorclass is not importable
+    for leaf in doc["leaves"]:
+        stored = tensors.get(leaf["tensor"])
+        if stored is None or list(stored.shape) != [doc["saved_rows"], *leaf["shape"][1:]]:
+            raise ValueError(f"The checkpoint's storage entry {leaf['tensor']!r} does not match its description.")
+    if backing is None:
+        return
+    here = {_key_tuple(k): v for k, v in backing.items(include_nested=True, leaves_only=True)}
+    saved = {tuple(leaf["key"]): leaf for leaf in doc["leaves"]}
+    fix = "Load into a storage that holds the same data, or into a freshly built one."
+    if set(here) != set(saved):
+        raise mismatch("the set of data keys", sorted(saved), sorted(here), fix)
+    for key, leaf in saved.items():
+        mine = (list(here[key].shape), _io.dtype_name(here[key].dtype))
+        if (leaf["shape"], leaf["dtype"]) != mine:
+            raise mismatch(f"the (shape, dtype) of {key}", (leaf["shape"], leaf["dtype"]), mine, fix)
+
+
+def _check_counters(storage, doc: dict, ctx: PartContext) -> int:
+    """Checks that the grid size and row counters of ``doc`` fit the storage's capacity; returns the rows."""
+    where = f"The {type(storage).__name__} description in the checkpoint {ctx.path!r}"
+    grid = doc["batch_size"]
+    ndim = storage.ndim
+    if not isinstance(grid, list) or len(grid) < ndim:
+        raise CheckpointError(
+            f"{where}: `batch_size` is {grid!r}, expected a list of at least ndim={ndim} positive ints (the "
+            f"storage's grid). Save the storage again with `dumps`. Nothing was loaded."
+        )
+    for i, size in enumerate(grid):
+        check_int_field(size, f"batch_size[{i}]", where, 1)
+    cells = math.prod(grid[1:ndim])
+    rows = -(-storage.max_size // cells)  # the rows a storage of this max_size allocates for such items
+    check_int_field(grid[0], "batch_size[0]", where, rows, rows, fix=f"max_size={storage.max_size} gives {rows} rows.")
+    written = check_int_field(doc["rows"], "rows", where, 0, rows, fix="`rows` counts the rows written.")
+    check_int_field(doc["last_row"], "last_row", where, -1, written - 1, fix="`last_row` is a written row, or -1.")
+    check_int_field(doc["saved_rows"], "saved_rows", where, written, rows, fix="Every written row is saved.")
+    for leaf in doc["leaves"]:
+        if not isinstance(leaf.get("shape"), list) or leaf["shape"][: len(grid)] != grid:
+            raise CheckpointError(
+                f"{where}: the entry {leaf.get('key')!r} has shape {leaf.get('shape')!r}, which does not start "
+                f"with the storage's `batch_size` {grid}. Save the storage again with `dumps`. Nothing was loaded."
+            )
+    return rows
+
+
+def check_same_layout(dst: TensorDictBase, src: TensorDictBase) -> None:
+    """Raises if the state ``src`` (a ``state_dict()`` backing) has other keys, shapes or dtypes than ``dst``."""
+    dst_keys = set(dst.keys(True, True))
+    src_keys = set(src.keys(True, True))
+    if dst_keys != src_keys:
+        raise ValueError(
+            f"The state to load holds keys {sorted(map(str, src_keys))}, the storage holds "
+            f"{sorted(map(str, dst_keys))}."
+        )
+    for key in dst_keys:
+        a, b = dst.get(key), src.get(key)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise ValueError(
+                f"Entry {key!r}: the state to load has shape {list(b.shape)} and dtype {b.dtype}, the "
+                f"storage has {list(a.shape)} and {a.dtype}."
+            )
+
+
+def item_template(doc: dict) -> TensorDict:
+    """One zero item shaped like the saved storage's items (what ``_allocate`` sizes a backing from)."""
+    template = TensorDict(batch_size=doc["batch_size"][1:])
+    for leaf in doc["leaves"]:
+        template.set(tuple(leaf["key"]), torch.zeros(leaf["shape"][1:], dtype=_io.DTYPES[leaf["dtype"]]))
+    return template
+
+
+def map_checkpoint_files(doc: dict, tensors: Mapping, directory: str) -> TensorDict | None:
+    """A backing that maps the checkpoint's files in place (read-write), when they all lie in ``directory`` and
+    hold every row; else ``None``. For a memory-mapped storage whose scratch directory is the checkpoint's
+    ``storage`` directory."""
+    if doc["saved_rows"] != doc["batch_size"][0] or not doc["leaves"]:
+        return None
+    files = [getattr(tensors[leaf["tensor"]], "filename", None) for leaf in doc["leaves"]]
+    root = os.path.realpath(directory)
+    if any(f is None or not os.path.realpath(f).startswith(root + os.sep) for f in files):
+        return None
+    backing = TensorDict(batch_size=doc["batch_size"])
+    for leaf, file in zip(doc["leaves"], files):
+        dtype = _io.DTYPES[leaf["dtype"]]
+        backing.set(tuple(leaf["key"]), MemoryMappedTensor.from_filename(file, dtype, leaf["shape"], mode="r+"))
+    return backing
+
+
+def copy_saved_rows(doc: dict, tensors: Mapping, backing: TensorDictBase) -> None:
+    """Copies the saved rows of every leaf into ``backing`` (file to file for a memory-mapped backing)."""
+    saved_rows = doc["saved_rows"]
+    for leaf in doc["leaves"]:
+        source = tensors[leaf["tensor"]]
+        if source.numel():
+            _io.read_into(source.filename, backing.get(tuple(leaf["key"]))[:saved_rows])
+
+
+# -- list storages ----------------------------------------------------------------------------------------------
+def _encode_items(items: list) -> tuple[list, list]:
+    codecs, tds = [], []
+    for i, item in enumerate(items):
+        try:
+            codec = DataCodec.for_data(item)
+            tds.append(codec.encode(item, batch_dims=0))
+        except (TypeError, ValueError) as err:
+            raise TypeError(
+                f"Cannot save item {i} of the ListStorage ({type(item).__name__}): {err} Checkpoints hold "
+                f"tensors, TensorDicts, tensorclasses and pytrees of tensors only; anything else would need "
+                f"pickle, which this format never uses (loading a pickle runs code). Nothing was written."
+            ) from None
+        codecs.append(codec)
+    return codecs, tds
+
+
+def _describe_td(td: TensorDictBase) -> list:
+    return [(_key_tuple(k), list(v.shape), v.dtype) for k, v in td.items(include_nested=True, leaves_only=True)]
+
+
+def list_storage_part(storage, items: list, ctx: PartContext) -> tuple[dict, dict]:
+    doc: dict[str, Any] = {"class": qualname(storage), "max_size": storage.max_size, "count": len(items)}
+    if not items:
+        return {}, {**doc, "layout": "empty"}
+    codecs, tds = _encode_items(items)
+    first = codecs[0].to_json(), _describe_td(tds[0]), list(tds[0].batch_size)
+    homogeneous = all((c.to_json(), _describe_td(t), list(t.batch_size)) == first for c, t in zip(codecs, tds))
+    if homogeneous:
+        groups = [(codecs[0], torch.stack(tds), "stacked")]
+    else:
+        groups = [(c, t, f"items/{i}") for i, (c, t) in enumerate(zip(codecs, tds))]
+    tensors, entries = {}, []
+    for codec, td, sub in groups:
+        keys = _leaf_keys(td)
+        leaves = []
+        for key, name in zip(keys, _leaf_names(keys)):
+            tensors[ctx.name(f"storage/{sub}/{name}")] = td.get(key)
+            leaves.append({"key": list(key), "tensor": ctx.name(f"storage/{sub}/{name}")})
+        entries.append({"codec": codec.to_json(), "batch_size": list(td.batch_size), "leaves": leaves})
+    return tensors, {**doc, "layout": "stacked" if homogeneous else "items", "entries": entries}
+
+
+def check_list_storage_part(storage, doc: dict, tensors: Mapping, ctx: PartContext) -> None:
+    """Raises if ``doc`` does not fit ``storage``; records ``ctx.facts["storage_rows"]`` (its ``max_size``)."""
+    check_class(storage, doc, "storage")
+    if doc.get("max_size") != storage.max_size:
+        raise mismatch("the storage max_size", doc.get("max_size"), storage.max_size, "Use the same max_size.")
+    where = f"The ListStorage description in the checkpoint {ctx.path!r}"
+    count = check_int_field(doc["count"], "count", where, 0, storage.max_size, fix="`count` is the number of items.")
+    entries = doc.get("entries", [])
+    held = sum(entry["batch_size"][0] for entry in entries) if doc.get("layout") == "stacked" else len(entries)
+    if held != count:
+        raise CheckpointError(
+            f"{where}: `count` is {count} but the entries hold {held} items. Save the storage again with `dumps`. "
+            f"Nothing was loaded."
+        )
+    for entry in entries:
+        DataCodec.from_json(entry["codec"])
+        if any(leaf["tensor"] not in tensors for leaf in entry["leaves"]):
+            raise ValueError("The checkpoint's ListStorage entries refer to tensors it does not hold.")
+    ctx.facts["storage_rows"] = storage.max_size
+
+
+def list_storage_items(doc: dict, tensors: Mapping) -> list:
+    """The items of a checked list storage part, read into RAM."""
+    items = []
+    for entry in doc.get("entries", []):
+        td = TensorDict(batch_size=entry["batch_size"])
+        for leaf in entry["leaves"]:
+            td.set(tuple(leaf["key"]), tensors[leaf["tensor"]].as_subclass(torch.Tensor).clone())
+        codec = DataCodec.from_json(entry["codec"])
+        if doc["layout"] == "stacked":
+            items.extend(codec.decode(td[i]) for i in range(td.batch_size[0]))
+        else:
+            items.append(codec.decode(td))
+    return items
