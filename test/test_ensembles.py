@@ -356,9 +356,10 @@ class TestReplayBufferEnsemble:
             for row in range(4):
                 bid = int(batch["buffer_ids"][row, 0])
                 assert (batch["buffer_ids"][row] == bid).all()
-                stored = rb[bid].storage.get(batch["index"][row])
+                stored = rb[bid].storage.get(batch["index", "index"][row])
                 assert torch.equal(stored["obs"], batch["obs"][row])
             assert torch.equal(info["buffer_ids"], batch["buffer_ids"][:, 0])
+            assert torch.equal(batch["index", "buffer_ids"], batch["buffer_ids"])  # TorchRL's layout
             assert info["index"].batch_size == (4,)
 
     def test_frequencies_follow_p_through_the_buffer(self):
@@ -397,7 +398,7 @@ class TestReplayBufferEnsemble:
         rb = ReplayBufferEnsemble(a, b, sample_from_all=True, batch_size=8,
                                   transform=lambda td: td.set("seen", torch.ones(td.shape)))
         batch = rb.sample()
-        assert torch.equal(batch["weight"], batch["index"].float() / 10)
+        assert torch.equal(batch["weight"], batch["index", "index"].float() / 10)
         assert (batch["obs"][0] <= 0).all() and (batch["obs"][1] >= 1000).all()
         assert (batch["seen"] == 1).all()
 
@@ -435,8 +436,8 @@ class TestReplayBufferEnsemble:
         grid.extend(TensorDict(obs=torch.arange(12.0).reshape(4, 3), batch_size=[4, 3]))
         rb = ReplayBufferEnsemble(grid, batch_size=5)
         batch = rb.sample()
-        assert batch["index"].shape == (1, 5, 2)
-        rows, cols = batch["index"][0].unbind(-1)
+        assert batch["index", "index"].shape == (1, 5, 2)
+        rows, cols = batch["index", "index"][0].unbind(-1)
         assert torch.equal(batch["obs"][0], grid.storage.get((rows, cols))["obs"])
 
     def test_getitem_len_and_write_count(self):

@@ -328,8 +328,10 @@ def test_write_without_storage_is_refused():
 def test_failed_storage_write_leaves_writer_unchanged():
     writer, store = _writer(3)
     writer.extend(_batch([1.0], [0]))
-    bad = TensorDict({"other": torch.zeros(2), "next": {"reward": torch.ones(2, 1)}}, batch_size=[2])
-    with pytest.raises(ValueError, match="structure"):
+    # a subset of the keys plus a new one is a partial write (issue 12); a wrong shape is refused before any write
+    bad = TensorDict({"other": torch.zeros(2), "id": torch.zeros(2, 3, dtype=torch.long),
+                      "next": {"reward": torch.ones(2, 1)}}, batch_size=[2])
+    with pytest.raises(ValueError, match="Nothing was written"):
         writer.extend(bad)
     assert writer.cursor == 1 and writer.ranks.tolist() == [1.0] and len(store) == 1
 

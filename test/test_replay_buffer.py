@@ -421,19 +421,17 @@ def test_prefetch_without_batch_size_is_refused():
 @pytest.mark.parametrize(
     "bad",
     [
-        TensorDict(obs=torch.ones(2, 3), batch_size=[2]),  # missing keys
-        TensorDict(
-            {"obs": torch.ones(2, 3), "action": torch.ones(2, dtype=torch.long), ("next", "obs"): torch.ones(2, 3),
-             "done": torch.ones(2, dtype=torch.bool), "extra": torch.ones(2)},
-            batch_size=[2],
-        ),  # an extra key
+        # a subset of the keys or a new key is a partial write (issue 12, test_compat_storages.py); a wrong shape
+        # in a subset (with or without a new key) is still refused before any write
+        TensorDict(obs=torch.ones(2, 5), batch_size=[2]),
+        TensorDict({("next", "obs"): torch.ones(2, 5), "extra": torch.ones(2)}, batch_size=[2]),
         TensorDict(
             {"obs": torch.ones(2, 5), "action": torch.ones(2, dtype=torch.long), ("next", "obs"): torch.ones(2, 3),
              "done": torch.ones(2, dtype=torch.bool)},
             batch_size=[2],
         ),  # a wrong shape
     ],
-    ids=["missing_key", "extra_key", "wrong_shape"],
+    ids=["subset_wrong_shape", "new_key_and_wrong_shape", "wrong_shape"],
 )
 @pytest.mark.parametrize("storage", ["tensor", "lazy", "memmap"])
 def test_write_of_wrong_structure_is_refused_and_changes_nothing(storage, bad):

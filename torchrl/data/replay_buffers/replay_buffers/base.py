@@ -6,14 +6,16 @@ Sample path: ``sample(batch_size)`` -> ``sampler.sample(storage, batch_size)`` -
 gather) -> ``collate_fn`` -> forward transforms. Sampling and writing hold one re-entrant lock around the
 storage, so a thread can extend while another samples (``prefetch=k`` samples ahead in a thread pool).
 
-Pickling (``pickle``, ``torch.save``, DataLoader workers) drops the locks, the thread pool and the prefetch
-queue and rebuilds them empty; the generator state travels as ``bytes``.
+Pickling (``pickle``, ``torch.save``, DataLoader workers) drops the locks and the thread pool and rebuilds
+them; the batches already prefetched travel with the buffer, as in TorchRL (see ``_prefetch_state``), and a
+DataLoader worker's copy drops them; the generator state travels as ``bytes``.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,14 +24,9 @@ from tensordict import TensorDictBase, is_tensorclass
 
 from torchrl._validation import check_int, check_positive_int
 from torchrl.data.replay_buffers._collate import stack_samples
-from torchrl.data.replay_buffers._generator_state import generator_from_state, generator_to_state
-from torchrl.data.replay_buffers._persistence import PartContext
-from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
-from torchrl.data.replay_buffers.replay_buffers._checkpoint import (
-    buffer_part,
-    check_buffer_part,
-    load_buffer_part,
-)
+from torchrl.data.replay_buffers.replay_buffers._buffer_state import BufferStateMixin
+from torchrl.data.replay_buffers.replay_buffers._compat import BufferCompatMixin, check_compat_keywords
+from torchrl.data.replay_buffers.replay_buffers._prefetch_order import current_turn, submit_in_order
 from torchrl.data.replay_buffers.replay_buffers.dataset import ReplayBufferDataset
 from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
 from torchrl.data.replay_buffers.storages import ListStorage, Storage, TensorStorage
@@ -47,7 +44,7 @@ def _check_component(name: str, value, cls: type):
     return value
 
 
-class ReplayBuffer:
+class ReplayBuffer(BufferStateMixin, BufferCompatMixin):
     """A replay buffer: writes go through a writer into a storage; samples are drawn by a sampler.
 
     Keyword Args:
@@ -58,10 +55,14 @@ class ReplayBuffer:
             identity for tensor storages and :func:`~torchrl.data.tensordict_collate` (stacking) for others.
         pin_memory (bool): pin sampled batches (only when CUDA is available). Defaults to ``False``.
         prefetch (int, optional): how many batches to sample ahead in a thread pool. Needs ``batch_size``.
-            Defaults to ``None`` (no prefetch).
+            Prefetched batches are drawn in order, so iterating the buffer still yields exactly one epoch of
+            a without-replacement sampler (batches drawn past its end open the next epoch). As in TorchRL, the
+            batches sampled ahead are part of ``state_dict()``, ``dumps()`` and pickling, so a restored buffer
+            returns the same next batches (a DataLoader worker's copy drops them). Defaults to ``None``.
         transform (Transform or callable, optional): applied to each sampled batch (``forward``) and, inverted,
             to written data (``inv``). Defaults to an empty :class:`~torchrl.envs.transforms.Compose`.
-        batch_size (int, optional): the default batch size of :meth:`sample`. Defaults to ``None``.
+        batch_size (int, optional): the default batch size of :meth:`sample`. A sampler built with
+            ``drop_last=True`` needs it (ValueError at construction otherwise, as in TorchRL). Defaults to ``None``.
         dim_extend (int, optional): the dim of the data written by :meth:`extend` that indexes items.
             Defaults to ``storage.ndim - 1``.
         generator (torch.Generator, optional): the generator of every random draw. Defaults to ``None``
@@ -70,6 +71,17 @@ class ReplayBuffer:
             length and writer cursor) to shared memory, and every write then holds the storage's
             cross-process :attr:`~torchrl.data.TensorStorage.write_lock` (memory-mapped storages are always
             shared). See :ref:`shared-writes`. Defaults to ``False``.
+        sample_unit (SampleUnit, optional): what one drawn position reads, e.g.
+            :class:`~torchrl.data.Sequence` windows (see :mod:`~torchrl.data.replay_buffers.sample_units`).
+            Defaults to ``None`` (one item per position, like :class:`~torchrl.data.Transition`).
+        transform_factory (callable, optional): a zero-argument callable returning the transform; exclusive
+            with ``transform`` (TypeError). Defaults to ``None``.
+        consume_after_n_samples (int, optional): TorchRL's consuming sampler; not supported (a positive int
+            raises ``NotImplementedError``). Defaults to ``None``.
+        compilable (bool, optional): accepted for TorchRL compatibility and passed to the default storage
+            and writer; no effect here (see :class:`~torchrl.data.Storage`). Defaults to ``None``.
+        delayed_init (bool, optional): accepted for TorchRL compatibility; the buffer is always built at once
+            (:attr:`initialized` is ``True``). Defaults to ``None``.
 
     Examples:
         >>> import torch
@@ -95,7 +107,16 @@ class ReplayBuffer:
         dim_extend: int | None = None,
         generator: torch.Generator | None = None,
         shared: bool = False,
+        sample_unit=None,
+        transform_factory=None,
+        consume_after_n_samples: int | None = None,
+        compilable: bool | None = None,
+        delayed_init: bool | None = None,
     ) -> None:
+        transform, self._compilable, self._sample_unit = check_compat_keywords(
+            transform=transform, transform_factory=transform_factory, consume_after_n_samples=consume_after_n_samples,
+            compilable=compilable, delayed_init=delayed_init, sample_unit=sample_unit,
+        )  # fmt: skip
         self._batch_size = check_positive_int("batch_size", batch_size, allow_none=True, type_error=False)
         check_int("prefetch", prefetch, minimum=0, allow_none=True, type_error=False)
         if prefetch and self._batch_size is None:
@@ -105,9 +126,17 @@ class ReplayBuffer:
         check_int("dim_extend", dim_extend, minimum=0, allow_none=True, type_error=False)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"`generator` must be a torch.Generator or None, got {type(generator).__name__}.")
-        self._storage = _check_component("storage", storage if storage is not None else ListStorage(1000), Storage)
+        storage = ListStorage(1000, compilable=self._compilable) if storage is None else storage
+        writer = self._default_writer(compilable=self._compilable) if writer is None else writer
+        self._storage = _check_component("storage", storage, Storage)
         self._sampler = _check_component("sampler", sampler if sampler is not None else RandomSampler(), Sampler)
-        self._writer = _check_component("writer", writer if writer is not None else self._default_writer(), Writer)
+        self._writer = _check_component("writer", writer, Writer)
+        if getattr(self._sampler, "drop_last", False) and self._batch_size is None:  # as TorchRL
+            raise ValueError(
+                f"{type(self._sampler).__name__}(drop_last=True) drops the last batch of an epoch when it is "
+                f"shorter than the buffer's batch size, and the buffer has none. Pass "
+                f"ReplayBuffer(..., batch_size=N), or drop_last=False."
+            )
         self._storage.attach(self)
         self._writer.register_storage(self._storage)
         self._collate_fn = collate_fn if collate_fn is not None else self._default_collate()
@@ -126,8 +155,8 @@ class ReplayBuffer:
 
     # -- construction helpers -----------------------------------------------------------------------------------
     @staticmethod
-    def _default_writer() -> Writer:
-        return RoundRobinWriter()
+    def _default_writer(compilable: bool = False) -> Writer:
+        return RoundRobinWriter(compilable=compilable)
 
     def _default_collate(self):
         return _identity if isinstance(self._storage, TensorStorage) else stack_samples
@@ -222,7 +251,18 @@ class ReplayBuffer:
 
     # -- writes -------------------------------------------------------------------------------------------------
     def add(self, data) -> Any:
-        """Writes one item and returns its index."""
+        """Writes one item and returns its index.
+
+        A TensorDict with a batch dimension is written as one item (TorchRL warns about it, and so do we, with
+        a UserWarning): use :meth:`extend` to write a batch of items.
+        """
+        if isinstance(data, TensorDictBase) and data.batch_dims >= self._storage.ndim:  # a row of ndim=2: fine
+            warnings.warn(
+                f"add() writes one item, and got a TensorDict with batch_size={list(data.batch_size)}: it is "
+                f"stored as a single item. Use extend() to write each element of the batch as an item.",
+                UserWarning,
+                stacklevel=2,
+            )
         if len(self._transform):
             data = self._inv_transform_item(data)
             if data is None:
@@ -324,18 +364,41 @@ class ReplayBuffer:
         return (data, info) if return_info else data
 
     def _sample_prefetched(self, bs: int):
-        with self._futures_lock:
+        with self._futures_lock:  # see NOTE [prefetch epochs] in _prefetch_order
             queue = self._prefetch_queue
-            result = queue.popleft().result() if queue else self._sample(bs)
-            while len(queue) < self._prefetch and not self._sampler.ran_out:
-                queue.append(self._prefetch_executor.submit(self._sample, bs))
+            if queue:
+                future = queue.popleft()
+                result = future.result()
+                turn = getattr(future, "draw_turn", None)
+                ended = None if turn is None else turn.ran_out
+            else:
+                result, ended = self._sample(bs), self._sampler.ran_out
+            while len(queue) < self._prefetch:
+                previous = getattr(self, "_last_draw_turn", None)
+                future, self._last_draw_turn = submit_in_order(self._prefetch_executor, self._sample, bs, previous)
+                queue.append(future)
+        self._epoch_ended = ended
         return result
 
     def _sample(self, batch_size: int):
+        turn = current_turn()  # a prefetch task: draw after the task submitted before it
+        if turn is not None:
+            turn.wait_previous()
         with self._replay_lock:
-            index, info = self._sampler.sample(self._storage, batch_size)
+            try:
+                index, info = self._sampler.sample(self._storage, batch_size)
+                if turn is not None:
+                    turn.ran_out = self._sampler.ran_out
+            finally:
+                if turn is not None:
+                    turn.release()
+            unit = self._sample_unit
+            if unit is not None:  # see torchrl.data.replay_buffers.sample_units
+                index, info = unit.expand(index, info, self._storage)
             info["index"] = index
-            data = self._storage.get(index)
+            if self._writer.tracks_generations:
+                info["index_generation"] = self._writer.generations_of(index)
+            data = self._storage.get(index) if unit is None else unit.read(self._storage, index)
         if not isinstance(index, int):
             data = self._collate_fn(data)
         if len(self._transform):
@@ -352,8 +415,10 @@ class ReplayBuffer:
             )
         self._sampler.ran_out = False
         while True:
+            self._epoch_ended = None
             yield self.sample()
-            if self._sampler.ran_out:
+            ended = self._epoch_ended  # from a prefetched batch: see NOTE [prefetch epochs]
+            if self._sampler.ran_out if ended is None else ended:
                 return
 
     def __getitem__(self, index):
@@ -391,97 +456,6 @@ class ReplayBuffer:
         transform = as_transform(transform)
         self._transform.insert(index, _InvertTransform(transform) if invert else transform)
         return self
-
-    # -- state --------------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        rng = self._rng
-        return {
-            "_storage": self._storage.state_dict(),
-            "_sampler": self._sampler.state_dict(),
-            "_writer": self._writer.state_dict(),
-            "_transforms": self._transform.state_dict(),
-            "_batch_size": self._batch_size,
-            "_rng": generator_to_state(rng),
-        }
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        with self._futures_lock:
-            self._prefetch_queue.clear()
-        with self._replay_lock, self._storage.write_lock:
-            self._storage.load_state_dict(state_dict["_storage"])
-            self._sampler.load_state_dict(state_dict["_sampler"])
-            self._writer.load_state_dict(state_dict["_writer"])
-            self._transform.load_state_dict(state_dict["_transforms"])
-            self._batch_size = state_dict.get("_batch_size", self._batch_size)
-            rng = generator_from_state(state_dict.get("_rng"))
-            if rng is not None:
-                self.set_rng(rng)
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        for name in ("_replay_lock", "_futures_lock", "_prefetch_queue", "_prefetch_executor"):
-            state.pop(name, None)
-        state["_rng"] = generator_to_state(self._rng, as_bytes=True)
-        return state
-
-    def __setstate__(self, state):
-        rng = generator_from_state(state.pop("_rng", None))
-        self.__dict__.update(state)
-        self._make_runtime_state()
-        self._storage.attach(self)
-        self._writer.register_storage(self._storage)
-        self.set_rng(rng)
-
-    # -- persistence and adapters -------------------------------------------------------------------------------
-    def dumps(self, path, **kwargs) -> None:
-        """Saves the buffer (storage, writer, sampler, transforms, generator) to the directory ``path``.
-
-        The format is memory-mapped tensor files plus JSON metadata, without pickle, written atomically (a
-        crash leaves the previous checkpoint at ``path``); see :mod:`torchrl.data.replay_buffers.checkpointers`.
-        Keyword arguments (``fsync=True``, ``progress=None``) go to
-        :func:`~torchrl.data.replay_buffers.checkpointers.dump_component`.
-
-        Examples:
-            >>> import tempfile, torch
-            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=2)
-            >>> _ = rb.extend(torch.arange(4))
-            >>> with tempfile.TemporaryDirectory() as d:
-            ...     rb.dumps(d + "/ckpt")
-            ...     fresh = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=2)
-            ...     fresh.loads(d + "/ckpt")
-            >>> fresh[:]
-            tensor([0, 1, 2, 3])
-        """
-        with self._futures_lock, self._replay_lock:
-            dump_component(self, path, **kwargs)
-
-    def loads(self, path) -> None:
-        """Loads a buffer saved by :meth:`dumps` into this one (built with the same configuration)."""
-        with self._futures_lock, self._replay_lock, self._storage.write_lock:
-            self._prefetch_queue.clear()
-            load_component(self, path)
-
-    dump = dumps
-    save = dumps
-    load = loads
-
-    # -- checkpoint part (the protocol of torchrl.data.replay_buffers._persistence) ----------------------------------
-    checkpoint_role = "replay buffer"
-
-    def _checkpoint_children(self) -> dict[str, Any]:
-        return {"storage": self._storage, "sampler": self._sampler, "writer": self._writer, "transforms": self._transform}
-
-    def checkpoint_part(self, ctx: PartContext) -> tuple[dict, dict]:
-        return buffer_part(self, self._checkpoint_children(), self._batch_size, self._rng, ctx)
-
-    def check_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
-        check_buffer_part(self, self._checkpoint_children(), doc, tensors, ctx)
-
-    def load_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
-        self._batch_size, rng = load_buffer_part(self._checkpoint_children(), doc, tensors, ctx)
-        if rng is not None:
-            self.set_rng(rng)
 
     def as_dataset(self, *, num_batches: int | None = None, transport: str = "ring") -> ReplayBufferDataset:
         """An iterable :class:`torch.utils.data.IterableDataset` of sampled batches, for DataLoader workers.

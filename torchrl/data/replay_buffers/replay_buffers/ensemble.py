@@ -13,8 +13,9 @@ shape ``[num_buffer_sampled, k]``:
 - TensorDict sub-batches with the same keys and shapes give a dense TensorDict; members with different keys
   or shapes give a :class:`~tensordict.LazyStackedTensorDict` (``batch[i]`` is sub-batch ``i``; read the
   keys all members share, or index a sub-batch first). Each TensorDict sub-batch gets, per item, a
-  ``"buffer_ids"`` entry (the member it comes from), an ``"index"`` entry (its position in that member, like
-  :class:`~torchrl.data.TensorDictReplayBuffer`) and the entries of the member sampler's info (e.g.
+  ``"buffer_ids"`` entry (the member it comes from), an ``"index"`` sub-TensorDict holding, as in TorchRL,
+  ``("index", "index")`` (its position in that member, like :class:`~torchrl.data.TensorDictReplayBuffer`'s
+  ``"index"``) and ``("index", "buffer_ids")``, and the entries of the member sampler's info (e.g.
   ``"priority_weight"``).
 - other data (tensors) is stacked as is; ``sample(return_info=True)`` gives ``info["buffer_ids"]``, the member
   of each sub-batch.
@@ -27,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from torchrl.data.replay_buffers._collate import stack_samples
 from torchrl.data.replay_buffers._generator_state import generator_from_state, generator_to_state
@@ -168,7 +169,8 @@ class ReplayBufferEnsemble(ReplayBuffer):
     def update_priority(self, index, priority) -> None:
         raise RuntimeError(
             "Update priorities through the member buffers: rb_ensemble[buffer_id].update_priority(index, "
-            "priority), with the 'buffer_ids' and 'index' entries of each sub-batch of the sample."
+            "priority), with the ('index', 'buffer_ids') and ('index', 'index') entries of each sub-batch of "
+            "the sample."
         )
 
     # -- reads -----------------------------------------------------------------------------------------------
@@ -183,9 +185,15 @@ class ReplayBufferEnsemble(ReplayBuffer):
         for row, (buffer_id, data) in enumerate(parts):
             if isinstance(data, TensorDictBase):
                 storage = self._storage[buffer_id]
+                buffer_ids = _as_entry(torch.tensor(buffer_id), data)
+                member_index = _as_entry(_member_index(index[row].get("index"), storage), data)
                 entries = {
-                    "buffer_ids": torch.tensor(buffer_id),
-                    "index": _member_index(index[row].get("index"), storage),
+                    "buffer_ids": buffer_ids,
+                    # as TorchRL: "index" holds the member position ("index", "index") and the member
+                    # ("index", "buffer_ids"), both per item
+                    "index": TensorDict(
+                        index=member_index, buffer_ids=buffer_ids, batch_size=data.batch_size, device=data.device
+                    ),
                     **info["member_info"][row],
                 }
                 data = _with_entries(data, entries)
@@ -247,7 +255,7 @@ def _with_entries(data: TensorDictBase, entries: dict) -> TensorDictBase:
     for key, value in entries.items():
         if value is None:
             continue
-        data.set(key, _as_entry(value, data))
+        data.set(key, value if isinstance(value, TensorDictBase) else _as_entry(value, data))
     if locked:
         data.lock_()
     return data

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from torchrl._validation import check_bool
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers.prioritized import PrioritizedSampler
@@ -22,6 +23,16 @@ def _storage_or_default(storage) -> Storage:
     return storage
 
 
+def _check_sampler_keywords(cls: str, sampler_device, sync) -> None:
+    """TorchRL's ``sampler_device`` and ``sync``: our priority trees live in (shareable) CPU memory."""
+    if sampler_device is not None and torch.device(sampler_device).type != "cpu":
+        raise NotImplementedError(
+            f"{cls}(sampler_device={sampler_device!r}) is not supported: the priority trees live on the CPU. "
+            f"Pass sampler_device=None (or 'cpu'); sampled indices can be moved afterwards."
+        )
+    check_bool("sync", sync)  # both accepted: the sampler's state is shareable either way
+
+
 class PrioritizedReplayBuffer(ReplayBuffer):
     """A :class:`ReplayBuffer` that samples items with probability proportional to ``priority ** alpha``.
 
@@ -35,6 +46,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         eps (float): added to every priority so none is zero. Defaults to ``1e-8``.
         dtype (torch.dtype): the dtype of the priority weights. Defaults to ``torch.float``.
         storage (Storage, optional): defaults to ``ListStorage(1000)``.
+        sampler_device (torch.device or str, optional): accepted for TorchRL compatibility: only ``None`` or
+            ``"cpu"`` (other devices raise ``NotImplementedError``). Defaults to ``None``.
+        sync (bool): accepted for TorchRL compatibility, no effect: the prioritized sampler's state is
+            shared with worker processes either way. Defaults to ``True``.
         **kwargs: the other arguments of :class:`ReplayBuffer` (``collate_fn``, ``pin_memory``, ``prefetch``,
             ``transform``, ``batch_size``, ``dim_extend``, ``generator``, ``shared``).
 
@@ -50,7 +65,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     """
 
     def __init__(self, *, alpha: float, beta: float, eps: float = 1e-8, dtype: torch.dtype = torch.float,
-                 storage: Storage | None = None, **kwargs) -> None:
+                 storage: Storage | None = None, sampler_device=None, sync: bool = True, **kwargs) -> None:
+        _check_sampler_keywords(type(self).__name__, sampler_device, sync)
         if "sampler" in kwargs:
             raise TypeError(
                 "PrioritizedReplayBuffer builds its own PrioritizedSampler: pass alpha/beta/eps/dtype, or use "
@@ -67,7 +83,9 @@ class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
     ``extend``/``add`` read each item's priority from ``priority_key`` when the entry is present (reduced over
     its trailing dims with ``reduction``); :meth:`update_tensordict_priority` does the same for a sampled batch
     after the learner wrote its new ``priority_key`` values. Sampled batches carry ``"index"`` and
-    ``"priority_weight"``.
+    ``"priority_weight"``, with the batch's full shape (``[B, T]`` when items are trajectories, each value
+    repeated over the steps of its item, as in TorchRL); :meth:`update_tensordict_priority` takes such a batch
+    back (one priority per item, reduced over the steps with ``reduction``).
 
     Keyword Args:
         alpha (float): how much prioritization is used (0 = uniform).
@@ -77,6 +95,7 @@ class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
         reduction (str): how a priority entry with extra dims is reduced per item: ``"max"``, ``"min"``,
             ``"sum"``, ``"mean"`` or ``"median"``. Defaults to ``"max"``.
         storage (Storage, optional): defaults to ``ListStorage(1000)``.
+        sampler_device, sync: as in :class:`PrioritizedReplayBuffer`.
         **kwargs: the other arguments of :class:`ReplayBuffer`.
 
     Examples:
@@ -94,7 +113,8 @@ class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
 
     def __init__(self, *, alpha: float, beta: float, priority_key="td_error", eps: float = 1e-8,
                  reduction: str = "max", dtype: torch.dtype = torch.float, storage: Storage | None = None,
-                 **kwargs) -> None:
+                 sampler_device=None, sync: bool = True, **kwargs) -> None:
+        _check_sampler_keywords(type(self).__name__, sampler_device, sync)
         if "sampler" in kwargs:
             raise TypeError(
                 "TensorDictPrioritizedReplayBuffer builds its own PrioritizedSampler: pass alpha/beta/eps/"

@@ -22,8 +22,11 @@ def _info_value(value, like: TensorDictBase):
     batch = like.batch_size
     if value.shape[: len(batch)] != batch and value.numel() == batch.numel():
         value = value.reshape(batch)
-    while value.ndim < len(batch):
-        value = value.unsqueeze(-1)
+    if value.ndim < len(batch):  # one value per item of a batch of trajectories ([B, T]): one per step
+        k = value.ndim
+        value = value.reshape(value.shape + (1,) * (len(batch) - k))
+        if value.shape[:k] == batch[:k]:
+            value = value.expand(batch)  # as TorchRL's expand_as_right
     return value
 
 
@@ -55,8 +58,8 @@ class TensorDictReplayBuffer(ReplayBuffer):
         super().__init__(**kwargs)
 
     @staticmethod
-    def _default_writer() -> Writer:
-        return TensorDictRoundRobinWriter()
+    def _default_writer(compilable: bool = False) -> Writer:
+        return TensorDictRoundRobinWriter(compilable=compilable)
 
     def _check_td(self, data, method: str) -> None:
         if not isinstance(data, TensorDictBase):
@@ -139,6 +142,8 @@ class TensorDictReplayBuffer(ReplayBuffer):
             raise KeyError(
                 "update_tensordict_priority() needs the 'index' entry written by sample(); the data has none."
             )
+        if self._storage.ndim == 1 and index.ndim > 1:  # expanded over the steps of trajectory items ([B, T])
+            index = index.reshape(index.shape[0], -1)[:, 0]
         priority = data.get(self.priority_key, None)
         if priority is None:
             priority = torch.full(index.shape[:1], self._sampler.default_priority)

@@ -69,6 +69,9 @@ def reduce_priority(priority, reduction: str = "max", *, batch_dims: int = 1) ->
 
 
 def _check_exponent(name: str, value) -> float:
+    """A finite float ``>= 0``; a 0-d (one-element) tensor is accepted, as parameter schedulers set one."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dtype is not torch.bool:
+        value = value.item()
     if not is_real(value):
         raise TypeError(f"`{name}` must be a real number >= 0, got {value!r} ({type(value).__name__}).")
     value = float(value)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from torchrl._validation import check_positive_int, is_int
+from torchrl.data.replay_buffers._errors import ValueRuntimeError
 from torchrl.data.replay_buffers.samplers._trajectories import normalize_key
 
 
@@ -58,7 +59,7 @@ def normalize_end_keys(end_key, end_keys) -> tuple[object, tuple | None]:
     if end_keys is None:
         return (None if end_key is None else normalize_key(end_key)), None
     if end_key is not None:
-        raise ValueError(
+        raise ValueRuntimeError(  # a ValueError, and the RuntimeError TorchRL raises here
             f"Pass at most one of `end_key` and `end_keys`; got end_key={end_key!r} and "
             f"end_keys={end_keys!r}. Put every done key in end_keys (their flags are OR-ed together)."
         )

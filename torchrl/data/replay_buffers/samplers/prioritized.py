@@ -12,6 +12,7 @@ raveled with their shape) and only the first ``len(storage)`` of them are ever s
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,8 +61,11 @@ class PrioritizedSampler(Sampler):
     Args:
         max_capacity (int): the number of items the storage can hold (its ``max_size``; cells for
             ``ndim > 1`` storages).
-        alpha (float): how strongly priorities shape sampling; ``0`` is uniform sampling.
-        beta (float): the importance-sampling correction exponent; ``0`` gives weights of ``1``.
+        alpha (float): how strongly priorities shape sampling; ``0`` is uniform sampling. A one-element
+            tensor is accepted (parameter schedulers set it that way) and stored as a float. Changing it
+            later from ``0`` to another value warns (UserWarning), as TorchRL does.
+        beta (float): the importance-sampling correction exponent; ``0`` gives weights of ``1``. A
+            one-element tensor is accepted, as for ``alpha``.
         eps (float): added to every priority so that no item has probability zero. Defaults to ``1e-8``.
         dtype (torch.dtype): the dtype of ``info["priority_weight"]``; sums are float64 regardless.
             Defaults to ``torch.float``.
@@ -138,6 +142,13 @@ class PrioritizedSampler(Sampler):
     def alpha(self, value: float) -> None:
         value = _check_exponent("alpha", value)
         if value != self._alpha:
+            if self._alpha == 0:  # as TorchRL: the priorities written so far were stored as 1 ** 0
+                warnings.warn(
+                    f"Changing `alpha` of {type(self).__name__} from 0 to {value}: with alpha=0 every item "
+                    f"was sampled uniformly; the stored priorities are now re-weighted with the new exponent.",
+                    UserWarning,
+                    stacklevel=2,
+                )
             self._alpha = value
             self._reexpress()
 
@@ -184,18 +195,18 @@ class PrioritizedSampler(Sampler):
             tuple of per-dimension tensors for ``ndim > 1`` storages.
 
         Raises:
-            RuntimeError: the storage is empty, larger than ``max_capacity``, or every stored item has a
-                priority of zero.
+            RuntimeError: the storage is empty, or every stored item has a priority of zero.
+
+        A storage holding more than ``max_capacity`` items is accepted, as in TorchRL: only its first
+        ``max_capacity`` items have a priority, and only they are drawn.
         """
         batch_size = check_batch_size(batch_size)
         n = len(storage)
         if n == 0:
             raise RuntimeError("Cannot sample from an empty storage: add data first (rb.add / rb.extend).")
-        if n > self._max_capacity:
-            raise RuntimeError(
-                f"The storage holds {n} items but the sampler was built with `max_capacity`="
-                f"{self._max_capacity}: build PrioritizedSampler with max_capacity >= the storage's max_size."
-            )
+        # A storage larger than the trees (as TorchRL accepts it): only its first max_capacity items have a
+        # priority, and only they are drawn.
+        n = min(n, self._max_capacity)
         self._remember_shape(storage)
         rng = self._rng
         if rng is None or rng.device.type == "cpu":
@@ -261,8 +272,14 @@ class PrioritizedSampler(Sampler):
         self._track_max(flat, values, float(values.max()))
 
     def mark_update(self, index, *, storage=None) -> None:
-        """Gives the written items at ``index`` the :attr:`default_priority` (``-1`` entries skipped)."""
+        """Gives the written items at ``index`` the :attr:`default_priority` (``-1`` entries skipped).
+
+        Items written past ``max_capacity`` (a storage larger than the sampler, as TorchRL accepts) get no
+        priority: they are never drawn.
+        """
         flat = self._flat_index(index, storage)
+        if flat.size and flat.max() >= self._max_capacity:
+            flat = flat[flat < self._max_capacity]
         keep, end = self._kept_positions(flat)
         if keep is not None:
             flat = flat[keep]

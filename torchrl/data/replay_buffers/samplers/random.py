@@ -120,6 +120,24 @@ class SamplerWithoutReplacement(Sampler):
             self._new_epoch(n)
         return chosen
 
+    @property
+    def _sample_list(self) -> torch.Tensor | None:
+        """TorchRL's name of the positions left in the current epoch (``None`` before the first draw).
+
+        Setting it makes those positions the rest of the epoch, drawn in that order.
+        """
+        return None if self._perm is None else self._perm[self._pos :]
+
+    @_sample_list.setter
+    def _sample_list(self, value) -> None:
+        value = torch.as_tensor(value, dtype=torch.long).reshape(-1)
+        if self._perm is None or value.numel() > self._len_storage:
+            self._perm, self._pos, self._len_storage = value.clone(), 0, value.numel()
+            return
+        done = self._len_storage - value.numel()  # keep len(perm) == the storage length the epoch covers
+        self._perm = torch.cat([self._perm[:done].to(value.device), value])
+        self._pos = done
+
     def _empty(self) -> None:
         self._perm = None
         self._pos = 0

@@ -35,6 +35,17 @@ _PROBED_TRAJ_KEYS = (("collector", "traj_ids"), "episode")
 _BELOW_ONE = 1.0 - 2.0**-52  # floor(u * n * _BELOW_ONE) < n for every float64 u in [0, 1)
 
 
+def _check_end_signal(column, n_rows: int, n_cols: int, key) -> None:
+    """Refuses an end signal with several flags per step (e.g. ``[N, 2]``), as TorchRL does."""
+    if column.numel() != n_rows * n_cols:
+        per_step = f"[{n_rows}] or [{n_rows}, 1]" if n_cols == 1 else f"[{n_rows}, {n_cols}] or [{n_rows}, {n_cols}, 1]"
+        raise ValueError(
+            f"The end signal {key!r} has shape {list(column.shape)}: slice samplers need one done flag per "
+            f"step ({per_step}). Reduce it to one flag per step first, e.g. "
+            f"data[{key!r}] = data[{key!r}].any(-1, keepdim=True), or pass `traj_key`."
+        )
+
+
 @dataclass
 class _Eligible:
     """The trajectories a slice of a given length may come from, and the range of start offsets in each.
@@ -81,9 +92,11 @@ class SliceSampler(Sampler):
         num_slices (int, optional): slices per batch; the slice length is ``batch_size // num_slices``.
             Exactly one of ``num_slices``/``slice_len`` must be given.
         slice_len (int, optional): steps per slice; a batch holds ``batch_size // slice_len`` slices.
-        end_key (NestedKey, optional): the done flags that end trajectories. With neither end keys nor
+        end_key (NestedKey, optional): the done flags that end trajectories, one per step (shape ``[N]`` or
+            ``[N, 1]``; several flags per step, e.g. ``[N, 2]``, raise a ValueError, as in TorchRL). With neither end keys nor
             ``traj_key``, the sampler uses ``("collector", "traj_ids")`` if stored, else ``"episode"``, else
-            ``("next", "done")``. Defaults to ``None``.
+            ``("next", "done")``; a trajectory-id key found this way is stored in :attr:`traj_key` at the
+            first sample and used from then on (as TorchRL does). Defaults to ``None``.
         end_keys (list of NestedKey, optional): several done flags, OR-ed together (e.g.
             ``[("next", "terminated"), ("next", "truncated")]``); the keys the storage does not hold are
             skipped. Excludes ``end_key``. Defaults to ``None``.
@@ -106,8 +119,9 @@ class SliceSampler(Sampler):
             samples shorter trajectories, whose slices are then shorter (the batch is shorter than
             ``batch_size`` unless ``pad_output=True``). Defaults to ``True``.
         pad_output (bool): with ``strict_length=False``, pad short slices to ``slice_len`` by repeating their
-            last step, and return the mask ``("collector", "mask")`` (``True`` on real steps). Defaults to
-            ``False``.
+            last step, and return the mask ``("collector", "mask")`` (``True`` on real steps); as in TorchRL,
+            the mask is returned only when the batch holds padding, and only the last real step of a padded
+            slice is marked truncated (not the repeats after it). Defaults to ``False``.
         compile (bool or dict): accepted for compatibility with TorchRL, where it ``torch.compile``-s the
             search for trajectory boundaries (a dict holds ``torch.compile`` keyword arguments). It has no
             effect here, and the samples are the same whatever its value: that search is already a single
@@ -127,8 +141,8 @@ class SliceSampler(Sampler):
 
     ``sample`` returns ``(index, info)``: ``index`` is a tuple of per-dimension index tensors (one tensor
     for 1-D storages) whose entries ``[i * slice_len, (i + 1) * slice_len)`` are slice ``i``, in time
-    order; ``info`` holds ``truncated_key`` (``[B, 1]``, ``True`` on the last step of each slice, and on
-    the padding that repeats it), ``("next", "done")`` (stored done or truncated) and
+    order; ``info`` holds ``truncated_key`` (``[B, 1]``, ``True`` on the last real step of each slice,
+    and, without ``pad_output``, on the steps a span repeats after it), ``("next", "done")`` (stored done or truncated) and
     ``("next", "terminated")`` (stored, or ``False``). When the storage holds an ``"is_init"`` entry,
     ``info["is_init"]`` (``[B, 1]``, bool) is ``True`` on the first step of each slice and where the stored
     ``"is_init"`` is ``True`` (it is returned even with ``truncated_key=None``).
@@ -259,6 +273,8 @@ class SliceSampler(Sampler):
         for keys, is_done in self._source_candidates():
             present = [key for key in keys if has_key(storage, key)]
             if present:
+                if not is_done and self.traj_key is None:  # probed: exposed and kept, as TorchRL does
+                    self.traj_key = present[0]
                 return (present if is_done else present[:1]), is_done
             tried += [key for key in keys if key not in tried]
         args = (("traj_key", self.traj_key), ("end_key", self.end_key), ("end_keys", self.end_keys))
@@ -279,8 +295,12 @@ class SliceSampler(Sampler):
         elif len(source) == 1:
             what = "done flags" if is_done else "trajectory ids"
             column = read_column(storage, source[0], n_rows)
+            if is_done:
+                _check_end_signal(column, n_rows, n_cols, source[0])
             values = as_step_values(column, n_rows, n_cols, name=f"{what} {source[0]!r}", reduce_any=is_done)
         else:  # several end keys: a step ends a trajectory if any of them is set
+            for end_key in source:
+                _check_end_signal(read_column(storage, end_key, n_rows), n_rows, n_cols, end_key)
             flags = [self._flags(storage, end_key, n_rows, n_cols) for end_key in source]
             values = torch.stack(flags).any(0).view(n_rows, n_cols)
         layout = {"n_rows": n_rows, "n_cols": n_cols, "offset": offset, "last_row": last_row}
@@ -416,7 +436,8 @@ class SliceSampler(Sampler):
             last_step = elig.lengths.index_select(0, chosen).unsqueeze(-1) - 1
             clamped = torch.minimum(within.clamp_min(0), last_step)
             real = clamped == within
-            truncated = clamped == clamped[:, -1:]
+            # with padding, only the last real step is truncated (as TorchRL), not the repeats padding it
+            truncated = (within if self.pad_output else clamped) == clamped[:, -1:]
             flat = clamped.add_(traj_starts.unsqueeze(-1))
             drop = not self.pad_output and not self.strict_length
             for key, value in (per_slice or {}).items():
@@ -444,8 +465,8 @@ class SliceSampler(Sampler):
             info[_TERMINATED_KEY] = terminated
         if bounds.is_init is not None:  # a slice starts a sequence, as a stored trajectory start does
             info[_IS_INIT_KEY] = bounds.is_init.index_select(0, cells).logical_or_(first)
-        if self.pad_output:
-            info[_MASK_KEY] = real.view(-1) if real is not None else torch.ones_like(flat, dtype=torch.bool)
+        if self.pad_output and real is not None and not bool(real.all()):  # only when something is padded
+            info[_MASK_KEY] = real.view(-1)
         return index, info
 
     # -- notifications and state -----------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from torchrl._validation import check_positive_int
+from torchrl._validation import check_bool, check_positive_int
 from torchrl.data.replay_buffers._component import Component
 from torchrl.data.replay_buffers._shared import NULL_LOCK
 from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
@@ -44,6 +44,12 @@ class Storage(Component, abc.ABC):
 
     Args:
         max_size (int): the capacity, counted in items (cells for ``ndim > 1``).
+
+    Keyword Args:
+        compilable (bool): accepted for TorchRL compatibility and kept as ``_compilable``; ``True`` changes
+            nothing here. A function calling ``get``/``set`` of a tensor storage gives the same results under
+            :func:`torch.compile` whatever the value (index checks read Python ints, so the graph breaks
+            there: ``fullgraph=True`` is not supported). Defaults to ``False``.
 
     Class attributes:
         ndim (int): the number of leading dimensions that index items. Defaults to ``1``.
@@ -62,8 +68,11 @@ class Storage(Component, abc.ABC):
     _default_checkpointer: type[StorageCheckpointerBase] = StorageCheckpointerBase
     _checkpointer: StorageCheckpointerBase | None = None
 
-    def __init__(self, max_size: int):
+    _compilable: bool = False
+
+    def __init__(self, max_size: int, *, compilable: bool = False):
         self.max_size = _check_max_size(max_size)
+        self._compilable = False if compilable is None else check_bool("compilable", compilable)
         self._attached_entities: list[Any] = []
 
     # -- contract ------------------------------------------------------------------------------------------

@@ -50,6 +50,8 @@ class ListStorage(Storage):
 
     Keyword Args:
         device (torch.device or str, optional): if given, tensors are moved there when written.
+        compilable (bool): accepted for TorchRL compatibility (see :class:`~torchrl.data.Storage`).
+            Defaults to ``False``.
 
     Examples:
         >>> import torch
@@ -63,8 +65,8 @@ class ListStorage(Storage):
 
     _default_checkpointer = ListStorageCheckpointer
 
-    def __init__(self, max_size: int | None = None, *, device=None):
-        super().__init__(_UNBOUNDED if max_size is None else max_size)
+    def __init__(self, max_size: int | None = None, *, compilable: bool = False, device=None):
+        super().__init__(_UNBOUNDED if max_size is None else max_size, compilable=compilable)
         self.device = None if device is None else torch.device(device)
         self._storage: list[Any] = []
 
@@ -152,8 +154,9 @@ class ListStorage(Storage):
 
     def __getstate__(self):
         if is_spawning():
-            raise RuntimeError(
-                "A ListStorage lives in one process's memory and cannot be shared with a spawned process. "
+            raise RuntimeError(  # the first sentence is TorchRL's, which user code may match
+                f"Cannot share a storage of type {type(self).__name__} between processes. It lives in one "
+                f"process's memory and cannot be shared with a spawned process. "
                 "Use LazyTensorStorage or LazyMemmapStorage (shared with workers), or use the 'fork' start "
                 "method (workers then see a snapshot), or num_workers=0."
             )

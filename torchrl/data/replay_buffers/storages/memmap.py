@@ -18,7 +18,9 @@ import torch
 from tensordict import TensorDictBase
 
 import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
-from torchrl.data.replay_buffers._cleanup import make_scratch_dir, remove_owned_path
+from torchrl.data.replay_buffers._cleanup import make_scratch_dir, remove_owned_path, unregister_owned_path
+from torchrl.data.replay_buffers._errors import FileExistsRuntimeError
+from torchrl.data.replay_buffers.storages._compat_args import check_auto_cleanup
 from torchrl.data.replay_buffers.storages._registry import register_memmap_storage
 from torchrl.data.replay_buffers.storages.tensor import LazyTensorStorage
 
@@ -39,6 +41,14 @@ class LazyMemmapStorage(LazyTensorStorage):
         ndim (int): how many leading dims index items. Defaults to ``1``.
         existsok (bool): whether files already present in ``scratch_dir`` may be overwritten at allocation.
             Defaults to ``False`` (a clear error instead).
+        compilable (bool): accepted for TorchRL compatibility (see :class:`~torchrl.data.Storage`).
+            Defaults to ``False``.
+        shared_init (bool): only ``False`` is supported (see :class:`~torchrl.data.LazyTensorStorage`).
+            Defaults to ``False``.
+        auto_cleanup (bool, optional): whether the temporary directory this storage creates (``scratch_dir``
+            ``None``) is removed when the storage is garbage collected or the process exits. ``False`` keeps
+            it (until :func:`~torchrl.data.cleanup_stale_scratch_dirs` runs after this process ended). A ``scratch_dir`` you pass is never removed: ``auto_cleanup=True`` with a ``scratch_dir``
+            raises ``NotImplementedError``. Defaults to ``None``: ``True`` without ``scratch_dir``.
 
     .. note:: Pickling this storage (``pickle``, ``torch.save``, DataLoader workers) sends the path of its
         files, never their bytes. A copy in another process never removes the original's directory.
@@ -57,7 +67,25 @@ class LazyMemmapStorage(LazyTensorStorage):
         torch.Size([1, 3])
     """
 
-    def __init__(self, max_size: int, *, scratch_dir=None, device="cpu", ndim: int = 1, existsok: bool = False):
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        scratch_dir=None,
+        device="cpu",
+        ndim: int = 1,
+        existsok: bool = False,
+        compilable: bool = False,
+        shared_init: bool = False,
+        auto_cleanup: bool | None = None,
+    ):
+        self.auto_cleanup = check_auto_cleanup(auto_cleanup, scratch_dir)
+        if self.auto_cleanup and scratch_dir is not None:
+            raise NotImplementedError(
+                "LazyMemmapStorage(auto_cleanup=True) with a `scratch_dir`: a directory you pass is never removed "
+                "by the storage. Omit `scratch_dir` for a temporary directory removed automatically, or pass "
+                "auto_cleanup=False and remove the directory yourself."
+            )
         if device == "auto":
             device = "cpu"
         if torch.device(device).type != "cpu":
@@ -66,7 +94,7 @@ class LazyMemmapStorage(LazyTensorStorage):
                 f"{device!r}. Use LazyTensorStorage(device={str(device)!r}) for data on that device, or move "
                 f"sampled batches with `.to(device)` (e.g. in a transform)."
             )
-        super().__init__(max_size, device="cpu", ndim=ndim)
+        super().__init__(max_size, device="cpu", ndim=ndim, compilable=compilable, shared_init=shared_init)
         self.scratch_dir = None if scratch_dir is None else str(Path(scratch_dir).absolute())
         self.existsok = bool(existsok)
         self._memmap_dir: str | None = None
@@ -77,12 +105,15 @@ class LazyMemmapStorage(LazyTensorStorage):
     def _allocate(self, item: TensorDictBase, rows: int) -> TensorDictBase:
         if self.scratch_dir is None:
             path = make_scratch_dir()  # registered: removed at exit and on SIGTERM, by this process only
-            weakref.finalize(self, remove_owned_path, path)
-            self._owns_dir = True
+            if self.auto_cleanup:
+                weakref.finalize(self, remove_owned_path, path)
+                self._owns_dir = True
+            else:
+                unregister_owned_path(path)  # auto_cleanup=False: the directory outlives the storage
         else:
             path = self.scratch_dir
             if not self.existsok and Path(path).exists() and any(Path(path).iterdir()):
-                raise FileExistsError(
+                raise FileExistsRuntimeError(  # a FileExistsError, and the RuntimeError TorchRL raises here
                     f"`scratch_dir` {path!r} already holds files and `existsok=False`. Pass existsok=True to "
                     f"overwrite them, or choose an empty directory."
                 )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from typing import Any
 
 import numpy as np
@@ -20,6 +19,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
+import torchrl.data.replay_buffers.storages._items as _items
+import torchrl.data.replay_buffers.storages._keys as _keys
 from torchrl._validation import check_bool, check_positive_int
 from torchrl.data.replay_buffers._persistence import PartContext
 from torchrl.data.replay_buffers._shared import (
@@ -32,13 +33,15 @@ from torchrl.data.replay_buffers._shared import (
 from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer
 from torchrl.data.replay_buffers.storages._casts import check_cast
 from torchrl.data.replay_buffers.storages._codec import DataCodec, check_tensor_only
+from torchrl.data.replay_buffers.storages._compat_args import check_shared_init
 from torchrl.data.replay_buffers.storages._index import as_index_tensor, check_bounds, check_int, is_int
+from torchrl.data.replay_buffers.storages._reads import RowReads
 from torchrl.data.replay_buffers.storages.base import CheckedWrite, Storage, _check_max_size
 
 _COUNTERS = ("rows", "last_row", "revision")
 
 
-class TensorStorage(Storage):
+class TensorStorage(RowReads, Storage):
     """A storage over preallocated tensors.
 
     Args:
@@ -54,6 +57,8 @@ class TensorStorage(Storage):
             concurrent write changed during a batch read, so that no sampled row mixes two writes (see
             :ref:`the write and read guarantees <shared-writes>`). Costs a few microseconds per batch; only
             shared CPU storages pay it. Defaults to ``True``.
+        compilable (bool): accepted for TorchRL compatibility (see :class:`~torchrl.data.Storage`).
+            Defaults to ``False``.
 
     A storage built over preallocated data counts every row as filled: it wraps a dataset that can be sampled
     at once. A buffer writing into it starts at row 0 and overwrites the rows in turn.
@@ -72,8 +77,16 @@ class TensorStorage(Storage):
     _default_checkpointer = TensorStorageCheckpointer
 
     def __init__(
-        self, storage=None, max_size: int | None = None, *, device="cpu", ndim: int = 1, consistent_reads: bool = True
+        self,
+        storage=None,
+        max_size: int | None = None,
+        *,
+        device="cpu",
+        ndim: int = 1,
+        compilable: bool = False,
+        consistent_reads: bool = True,
     ):
+        self._compilable = False if compilable is None else check_bool("compilable", compilable)
         self.ndim = check_positive_int("ndim", ndim, type_error=False)
         self.consistent_reads = check_bool("consistent_reads", consistent_reads)
         self._lock: ProcessLock | None = None
@@ -104,13 +117,13 @@ class TensorStorage(Storage):
                     f"`max_size`={max_size} does not match the preallocated `storage`, which holds {inferred} "
                     f"items. Omit `max_size` or pass {inferred}."
                 )
-            super().__init__(inferred)
+            super().__init__(inferred, compilable=self._compilable)
             self._adopt(backing, codec)
             # a preallocated storage holds a dataset: every row counts as filled
             self._counters["rows"] = backing.batch_size[0]
             self._counters["last_row"] = backing.batch_size[0] - 1
         else:
-            super().__init__(max_size)
+            super().__init__(max_size, compilable=self._compilable)
 
     # -- backing ------------------------------------------------------------------------------------------------
     @property
@@ -225,12 +238,17 @@ class TensorStorage(Storage):
     def set(self, cursor, data, *, set_cursor: bool = True) -> None:
         """Writes ``data`` at ``cursor`` (an int for one item, an index for a batch).
 
-        The whole write is validated before any row is touched: missing or extra keys, wrong shapes, and values
-        the stored dtype cannot hold (``7.9`` or ``NaN`` into an int64 entry, ``300`` into uint8) raise a
-        ``ValueError`` and nothing is written. On a shared storage it runs under
-        :attr:`write_lock`, and each written row is marked mid-write while it is copied (see
-        ``consistent_reads``).
+        A TensorDict may carry a subset of the stored keys (only those entries are written) or new keys (new
+        entries, zero in the other rows; dropped, as in TorchRL, once the storage is shared or memory-mapped), so
+        ``TensorStorage(TensorDict(batch_size=[N]))`` takes the keys of its first write. A Python ``list`` is a
+        batch of items, stacked first; a lazily stacked TensorDict with ragged entries is refused (``ValueError``
+        naming ``ListStorage``). The whole write is validated before any row is touched: keys that differ
+        (tensors, tensorclasses, pytrees), wrong shapes, and values the stored dtype cannot hold (``7.9`` or
+        ``NaN`` into an int64 entry, ``300`` into uint8) raise a ``ValueError`` and nothing is written. On a
+        shared storage it runs under :attr:`write_lock`, and each written row is marked mid-write while it is
+        copied (see ``consistent_reads``).
         """
+        data = _items.as_batch(data)  # a list of items is a batch; a ragged lazy stack is refused
         lock = self._lock
         if lock is None:
             return self._write(cursor, data, set_cursor)
@@ -240,6 +258,7 @@ class TensorStorage(Storage):
     def check_write(self, data, n: int) -> CheckedWrite | None:
         if self._storage is None or self.ndim > 1:
             return None
+        data = _items.as_batch(data)
         return CheckedWrite(data, self._encode_checked(data, batch=(n,)), self._keys)
 
     def _write(self, cursor, data, set_cursor: bool) -> None:
@@ -264,10 +283,11 @@ class TensorStorage(Storage):
         if single:
             cursor = check_int(cursor, rows, "cursor")
             td = self._encode_checked(data, batch=())
+            keys = self._grow(td, self.ndim - 1)
             versions = self._versions
             if versions is not None:
                 versions.begin(cursor)
-            for key in self._keys:
+            for key in keys:
                 self._storage.get(key)[cursor].copy_(td.get(key), non_blocking=False)
             if versions is not None:
                 versions.end()
@@ -289,11 +309,12 @@ class TensorStorage(Storage):
                 td = checked.encoded
             else:
                 td = self._encode_checked(data, batch=(index.numel(),))
+            keys = self._grow(td, self.ndim)
             versions = self._versions
             if versions is not None:
                 written = index.numpy()
                 versions.begin(written)
-            for key in self._keys:
+            for key in keys:
                 dst = self._storage.get(key)
                 src = td.get(key)
                 if src.dtype != dst.dtype or src.device != dst.device:
@@ -321,6 +342,11 @@ class TensorStorage(Storage):
         keys = set(td.keys(include_nested=True, leaves_only=True))
         if self._codec.kind in ("tensordict", "tensorclass"):
             check_tensor_only(td)
+        expected = torch.Size([*batch, *self._extra_shape])
+        if self._codec.kind == "tensordict":  # update only the entries written (see _keys)
+            shared = self._counters.is_shared
+            td, updated = _keys.partial_write(self._storage, self._keys, td, expected, shared, self.ndim)
+            return self._check_entries(td, batch, expected, updated)
         if keys != set(self._keys):
             missing = sorted(map(str, set(self._keys) - keys))
             extra = sorted(map(str, keys - set(self._keys)))
@@ -329,8 +355,19 @@ class TensorStorage(Storage):
                 f"unexpected keys {extra}. Write data with the keys of the first write, or empty() the buffer "
                 f"and use a new storage for data of another structure."
             )
-        expected_batch = torch.Size([*batch, *self._extra_shape])
-        for key in self._keys:
+        return self._check_entries(td, batch, expected, self._keys)
+
+    def _grow(self, td: TensorDictBase, lead: int) -> list:
+        """The keys a validated write copies, after adding the new entries it brings to the backing."""
+        if self._codec.kind != "tensordict":
+            return self._keys
+        keys, grown = _keys.add_entries(self._storage, self._keys, td, lead, self.ndim)
+        if grown:  # a new list: a write checked against the old layout is checked again
+            self._keys = list(self._storage.keys(include_nested=True, leaves_only=True))
+        return keys
+
+    def _check_entries(self, td: TensorDictBase, batch: tuple, expected_batch: torch.Size, keys: list):
+        for key in keys:
             src = td.get(key)
             dst = self._storage.get(key)
             want = expected_batch + dst.shape[self.ndim :]
@@ -370,57 +407,6 @@ class TensorStorage(Storage):
         if self._versions is not None and self.consistent_reads:
             return self._gather_consistent(self._storage, index, index.numpy())
         return self._gather(self._storage, index)
-
-    def _select(self, backing: TensorDictBase, index: torch.Tensor):
-        """The rows ``index`` of ``backing``: a tensor for tensor data, else a TensorDict (not decoded)."""
-        if self._codec.kind == "tensor":
-            return backing.get("_tensor").index_select(0, index)
-        n = index.numel()
-        return backing.apply(
-            lambda t: t.index_select(0, index), batch_size=[n, *backing.batch_size[1:]], device=backing.device
-        )
-
-    def _gather(self, backing: TensorDictBase, index: torch.Tensor):
-        out = self._select(backing, index)
-        return out if self._codec.kind == "tensor" else self._codec.decode(out)
-
-    def _gather_consistent(self, backing: TensorDictBase, index: torch.Tensor, rows: np.ndarray):
-        """:meth:`_gather`, reading again the rows that a write touched during the read (see ``RowVersions``)."""
-        versions = self._versions
-        snapshot = versions.snapshot()
-        out = self._select(backing, index)
-        torn = versions.torn(snapshot, rows)
-        attempt, started = 0, None
-        while torn is not None and torn.any():
-            if started is None:
-                started = time.monotonic()
-            positions = np.flatnonzero(torn)
-            versions.wait(attempt, started, rows[positions])
-            attempt += 1
-            snapshot = versions.snapshot()
-            where = torch.from_numpy(positions)
-            out[where] = self._select(backing, index[where])
-            sub_torn = versions.torn(snapshot, rows[positions])
-            if sub_torn is None:
-                break
-            torn = np.zeros(rows.shape, dtype=bool)
-            torn[positions[sub_torn]] = True
-        return out if self._codec.kind == "tensor" else self._codec.decode(out)
-
-    def _gather_cells(self, index: tuple, rows: int):
-        """Reads cells given per-dimension index tensors (ndim > 1) through one flat gather."""
-        shape = self._storage.batch_size[: self.ndim]
-        parts = []
-        for d, idx in enumerate(index):
-            size = rows if d == 0 else shape[d]
-            parts.append(check_bounds(as_index_tensor(idx, device=self._storage.device), size))
-        flat = torch.zeros_like(parts[0])
-        for d, idx in enumerate(parts):
-            flat = flat * shape[d] + idx
-        flat_backing = self._storage.reshape(-1, *self._storage.batch_size[self.ndim :])
-        if self._versions is not None and self.consistent_reads:
-            return self._gather_consistent(flat_backing, flat, parts[0].numpy())
-        return self._gather(flat_backing, flat)
 
     def flatten(self) -> TensorStorage:
         """A 1-D :class:`TensorStorage` over the filled cells, sharing memory with this storage."""
@@ -565,6 +551,11 @@ class LazyTensorStorage(TensorStorage):
         device (torch.device or str): where the data lives; ``"auto"`` takes the first datum's device.
             Defaults to ``"cpu"``.
         ndim (int): how many leading dims index items. Defaults to ``1``.
+        compilable (bool): accepted for TorchRL compatibility (see :class:`~torchrl.data.Storage`).
+            Defaults to ``False``.
+        shared_init (bool): in TorchRL, lets the first write come from any process sharing the storage.
+            Only ``False`` is supported: ``True`` raises ``NotImplementedError`` (write a first batch in the
+            process that builds the buffer before starting the others). Defaults to ``False``.
 
     Examples:
         >>> import torch
@@ -575,8 +566,20 @@ class LazyTensorStorage(TensorStorage):
         torch.Size([2, 4])
     """
 
-    def __init__(self, max_size: int, *, device="cpu", ndim: int = 1, consistent_reads: bool = True):
-        super().__init__(None, max_size=max_size, device=device, ndim=ndim, consistent_reads=consistent_reads)
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        device="cpu",
+        ndim: int = 1,
+        compilable: bool = False,
+        shared_init: bool = False,
+        consistent_reads: bool = True,
+    ):
+        self.shared_init = check_shared_init(shared_init, type(self).__name__)
+        super().__init__(
+            None, max_size=max_size, device=device, ndim=ndim, compilable=compilable, consistent_reads=consistent_reads
+        )
 
 
 def _leading_shape(td: TensorDictBase) -> torch.Size:

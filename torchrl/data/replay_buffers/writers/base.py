@@ -23,9 +23,16 @@ from torchrl.data.replay_buffers._shared import SharedCounters
 
 
 class Writer(Component, abc.ABC):
-    """Base class of replay-buffer writers (see the module docstring for the contract)."""
+    """Base class of replay-buffer writers (see the module docstring for the contract).
+
+    Class attributes:
+        tracks_generations (bool): whether the writer counts the writes of each slot (see
+            :meth:`generations_of`). Defaults to ``False``.
+    """
 
     _storage = None
+    _compilable: bool = False  # TorchRL's `compilable=` keyword, accepted for compatibility (no effect here)
+    tracks_generations: bool = False
     _rng: torch.Generator | None = None
     _counters: SharedCounters | None = None  # "cursor" and "write_count", for writers that keep them
     checkpoint_role = "writer"
@@ -54,6 +61,23 @@ class Writer(Component, abc.ABC):
         """Where the next write goes: the next row of a ring-buffer writer, the number of filled slots of a
         :class:`~torchrl.data.TensorDictMaxValueWriter`; ``0`` for a writer that keeps no cursor."""
         return 0 if self._counters is None else self._counters["cursor"]
+
+    @property
+    def _cursor(self) -> int:
+        """TorchRL's name of :attr:`cursor`, read and set by user code (an alias: both see the same value)."""
+        return self.cursor
+
+    @_cursor.setter
+    def _cursor(self, value: int) -> None:
+        if self._counters is None:
+            raise AttributeError(f"{type(self).__name__} keeps no cursor: `_cursor` cannot be set.")
+        self._counters["cursor"] = int(value)
+
+    def generations_of(self, index) -> torch.Tensor:
+        """How many times each slot of ``index`` was written (``int64``, the shape of the row index); ``-1``
+        for every slot of a writer that does not track generations."""
+        rows = _rows_of(index, 1 if self._storage is None else self._storage.ndim)
+        return torch.full(rows.shape, -1, dtype=torch.long)
 
     @property
     def write_count(self) -> int:
@@ -177,3 +201,14 @@ def take_last(data, n: int):
     if isinstance(data, (torch.Tensor, TensorDictBase, list)) or is_tensorclass(data):
         return data[-n:]
     return pytree.tree_map(lambda t: t[-n:], data)
+
+
+def _rows_of(index, ndim: int) -> torch.Tensor:
+    """The storage rows of ``index``: an int, a tensor of rows, a tuple of per-dim tensors (rows first) or,
+    for a storage with ``ndim > 1``, ``[..., ndim]`` cell coordinates (as ``rb.extend`` returns them)."""
+    if isinstance(index, tuple):
+        index = index[0]
+    index = torch.as_tensor(index, dtype=torch.long)
+    if ndim > 1 and index.ndim >= 1 and index.shape[-1] == ndim:
+        index = index[..., 0]
+    return index

@@ -29,6 +29,9 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from torchrl._validation import check_bool
+from torchrl.data.replay_buffers._errors import TypeRuntimeError
+from torchrl.data.replay_buffers._shared import is_spawning
 from torchrl.data.replay_buffers.writers.base import Writer
 
 _REDUCTIONS = ("max", "min", "mean", "median", "sum")
@@ -79,9 +82,17 @@ class TensorDictMaxValueWriter(Writer):
             (e.g. a reward per step): ``"max"``, ``"min"``, ``"mean"``, ``"median"`` or ``"sum"``. Defaults to
             ``"sum"``.
 
+    Keyword Args:
+        compilable (bool): accepted for TorchRL compatibility; no effect here. Defaults to ``False``.
+
+    :attr:`cursor` (alias ``_cursor``) is the number of filled slots: it moves with each item written while
+    the storage fills, then stays at the capacity. This writer does not track generations
+    (``tracks_generations`` is ``False``).
+
     .. note:: Only 1-D storages with a finite capacity are supported (``register_storage`` raises otherwise).
         The fill cursor and the write count live in shared memory like :class:`RoundRobinWriter`'s, and so
-        do the ranks, but decisions are not synchronized across processes: write from one process.
+        do the ranks, but decisions are not synchronized across processes: write from one process. As in
+        TorchRL, sending the writer (or a buffer holding it) to a spawned process raises ``RuntimeError``.
 
     Examples:
         >>> import torch
@@ -97,7 +108,8 @@ class TensorDictMaxValueWriter(Writer):
         (1, None)
     """
 
-    def __init__(self, rank_key=None, reduction: str = "sum") -> None:
+    def __init__(self, rank_key=None, reduction: str = "sum", *, compilable: bool = False) -> None:
+        self._compilable = False if compilable is None else check_bool("compilable", compilable)
         if reduction not in _REDUCTIONS:
             raise ValueError(f"`reduction` must be one of {list(_REDUCTIONS)}, got {reduction!r}.")
         self._rank_key = _check_rank_key(rank_key)
@@ -158,7 +170,7 @@ class TensorDictMaxValueWriter(Writer):
     def _ranks_of(self, data, batched: bool) -> torch.Tensor:
         """One float64 rank per item (``[N]`` for a batch, ``[1]`` for one item)."""
         if not isinstance(data, TensorDictBase):
-            raise TypeError(
+            raise TypeRuntimeError(  # a TypeError, and the RuntimeError TorchRL raises here
                 f"TensorDictMaxValueWriter writes TensorDicts, got {type(data).__name__}. Wrap the data in a "
                 f"TensorDict holding the `rank_key` entry {self._rank_key!r}, or use RoundRobinWriter."
             )
@@ -325,6 +337,16 @@ class TensorDictMaxValueWriter(Writer):
         self._counters["cursor"] = cursor
         self._floor.fill_(float(ranks.min()) if cursor and cursor == capacity else float("-inf"))
         self._counters["write_count"] = int(state_dict.get("_write_count", 0))
+
+    def __getstate__(self):
+        # as in TorchRL: decisions are not synchronized across processes, so a spawned process gets no copy
+        if is_spawning():
+            raise RuntimeError(
+                f"A {type(self).__name__} cannot be shared between processes: its top-k decisions are not "
+                f"synchronized across processes. Write from one process: use num_workers=0, or the 'fork' "
+                f"start method for DataLoader workers that only sample, or a RoundRobinWriter."
+            )
+        return super().__getstate__()
 
     def __repr__(self) -> str:
         return (

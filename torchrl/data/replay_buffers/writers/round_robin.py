@@ -7,7 +7,8 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from torchrl.data.replay_buffers.writers.base import Writer, batch_len, take_last
+from torchrl._validation import check_bool
+from torchrl.data.replay_buffers.writers.base import Writer, _rows_of, batch_len, take_last
 
 
 class RoundRobinWriter(Writer):
@@ -16,6 +17,15 @@ class RoundRobinWriter(Writer):
     Once the storage is shared with other processes (``shared=True``, memory-mapped storages, DataLoader
     datasets), the cursor and the write count live in shared memory too, so every process writes at the same
     cursor; a buffer holds the storage's write lock around each write.
+
+    Args:
+        compilable (bool): accepted for TorchRL compatibility; no effect here. Defaults to ``False``.
+
+    Keyword Args:
+        track_generations (bool): count the writes of each slot, so that :meth:`generations_of` tells a
+            reader whether a slot was overwritten since it read it (``-1`` for a slot never written, then
+            ``0, 1, ...``; ``empty()`` bumps every written slot). Sets :attr:`tracks_generations`. The counts
+            are part of ``state_dict()`` and checkpoints. Defaults to ``False``.
 
     Examples:
         >>> import torch
@@ -30,8 +40,29 @@ class RoundRobinWriter(Writer):
         (2, 6)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, compilable: bool = False, *, track_generations: bool = False) -> None:
+        self._compilable = False if compilable is None else check_bool("compilable", compilable)
+        self.tracks_generations = check_bool("track_generations", track_generations)
+        self._generation: torch.Tensor | None = None  # [rows] int64, allocated at the first write
         self._init_counters()
+
+    def _bump_generations(self, storage, rows: int, written) -> None:
+        if not self.tracks_generations:
+            return
+        if self._generation is None or self._generation.numel() != rows:
+            self._generation = torch.full((rows,), -1, dtype=torch.long)
+            if storage.is_shared:
+                self._generation.share_memory_()
+        self._generation[torch.as_tensor(written, dtype=torch.long)] += 1
+
+    def generations_of(self, index) -> torch.Tensor:
+        """How many times each slot of ``index`` was written (``int64``, the shape of the row index), counted
+        from ``0`` at the first write; ``-1`` for a slot never written or a writer built without
+        ``track_generations=True``."""
+        rows = _rows_of(index, 1 if self._storage is None else self._storage.ndim)
+        if self._generation is None:
+            return torch.full(rows.shape, -1, dtype=torch.long)
+        return self._generation[rows].clone()
 
     def _prepare(self, data, index):
         """Hook for subclasses to edit the data knowing where it goes (``index`` a row or row tensor, or
@@ -47,6 +78,7 @@ class RoundRobinWriter(Writer):
         rows = storage._max_size_along_dim0(single_data=data)
         cursor = self._counters["cursor"] % rows
         storage.set(cursor, self._prepare(data, cursor))
+        self._bump_generations(storage, rows, cursor)
         self._counters["cursor"] = (cursor + 1) % rows
         self._counters["write_count"] += 1
         index = self._replicate_index(cursor)
@@ -102,6 +134,7 @@ class RoundRobinWriter(Writer):
         """Hook for subclasses whose :meth:`_prepare` left a placeholder to fill once ``index`` is known."""
 
     def _advance(self, storage, cursor: int, n: int, rows: int, index, written) -> torch.Tensor:
+        self._bump_generations(storage, rows, written)
         self._counters["cursor"] = (cursor + n) % rows
         self._counters["write_count"] += n
         storage.mark_update(self._replicate_index(written))
@@ -109,15 +142,22 @@ class RoundRobinWriter(Writer):
 
     def _empty(self, empty_write_count: bool = True) -> None:
         self._counters["cursor"] = 0
+        if self._generation is not None:
+            self._generation[self._generation >= 0] += 1
         if empty_write_count:
             self._counters["write_count"] = 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"_cursor": self.cursor, "_write_count": self.write_count}
+        state = {"_cursor": self.cursor, "_write_count": self.write_count}
+        if self._generation is not None:
+            state["_generation"] = self._generation.clone()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._counters["cursor"] = int(state_dict["_cursor"])
         self._counters["write_count"] = int(state_dict.get("_write_count", 0))
+        if self.tracks_generations and "_generation" in state_dict:
+            self._generation = torch.as_tensor(state_dict["_generation"], dtype=torch.long).clone()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(cursor={self.cursor}, write_count={self.write_count})"

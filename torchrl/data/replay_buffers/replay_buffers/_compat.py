@@ -1,0 +1,207 @@
+"""Buffer methods and constructor keywords that TorchRL code relies on: :class:`BufferCompatMixin`.
+
+:class:`~torchrl.data.ReplayBuffer` inherits the mixin, which keeps ``base.py`` to the read/write paths. The
+methods here only use the buffer's components (``_storage``, ``_writer``, ``_sampler``) and its locks.
+
+In-place edits (:meth:`~BufferCompatMixin.set_`, :meth:`~BufferCompatMixin.set_at_`,
+:meth:`~BufferCompatMixin.update_`, :meth:`~BufferCompatMixin.update_if_present`) read the rows, edit the
+copy and write it back with ``storage.set(rows, data, set_cursor=False)`` under the buffer's locks: they act
+on what is stored (no transform runs) and only on TensorDict data.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from torchrl._validation import check_bool, check_positive_int
+from torchrl.data.replay_buffers.sample_units import check_sample_unit
+
+# the iterator behind ReplayBuffer.next(), per buffer: kept out of the buffer's __dict__ (never pickled)
+_NEXT_ITERATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class ConditionalUpdateResult:
+    """What :meth:`BufferCompatMixin.update_if_present` did with each requested row.
+
+    Attributes:
+        updated (torch.Tensor): bool, ``True`` where the patch was written.
+        version_rejected (torch.Tensor): bool, ``True`` where the row was still there but its stored
+            version was newer (or, with ``require_newer=True``, not older) than the patch's.
+    """
+
+    updated: torch.Tensor
+    version_rejected: torch.Tensor
+
+    @property
+    def updated_count(self) -> int:
+        return int(self.updated.sum())
+
+    @property
+    def version_rejected_count(self) -> int:
+        return int(self.version_rejected.sum())
+
+    @property
+    def stale_count(self) -> int:
+        """Rows not updated because they were overwritten (or emptied) since they were read."""
+        return int((~self.updated & ~self.version_rejected).sum())
+
+
+def check_compat_keywords(
+    *, transform, transform_factory, consume_after_n_samples, compilable, delayed_init, sample_unit
+) -> tuple[Any, bool, Any]:
+    """Validates TorchRL's buffer keywords; returns ``(transform, compilable, sample_unit)``."""
+    if transform_factory is not None:
+        if transform is not None:
+            raise TypeError("Pass `transform` or `transform_factory`, not both.")
+        if not callable(transform_factory):
+            raise TypeError(f"`transform_factory` must be a zero-argument callable, got {transform_factory!r}.")
+        transform = transform_factory()
+    if consume_after_n_samples is not None:
+        check_positive_int("consume_after_n_samples", consume_after_n_samples)
+        raise NotImplementedError(
+            f"ReplayBuffer(consume_after_n_samples={consume_after_n_samples}) is not supported: there is no "
+            f"ConsumingSampler here. Remove items yourself (rb.empty()) or sample without replacement "
+            f"(sampler=SamplerWithoutReplacement())."
+        )
+    if delayed_init is not None:
+        check_bool("delayed_init", delayed_init)  # accepted; the buffer is always built at once
+    compilable = False if compilable is None else check_bool("compilable", compilable)
+    return transform, compilable, check_sample_unit(sample_unit)
+
+
+class BufferCompatMixin:
+    """TorchRL's buffer methods: statistics, in-place edits, conditional updates, ``next()``, hooks."""
+
+    _sample_unit = None
+    _compilable = False
+
+    @property
+    def sample_unit(self):
+        """The :class:`~torchrl.data.replay_buffers.sample_units.SampleUnit` that turns drawn positions into
+        the positions read (``None``: one item per position)."""
+        return self._sample_unit
+
+    @property
+    def initialized(self) -> bool:
+        """Always ``True``: a buffer is built at once (``delayed_init`` is accepted without effect)."""
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        """``{"size", "write_count", "prefetch_queue_size", "initialized"}``, plus ``"capacity"`` and
+        ``"utilization"`` (size / capacity) for a storage of finite capacity."""
+        out = {
+            "size": len(self),
+            "write_count": self.write_count,
+            "prefetch_queue_size": len(self._prefetch_queue),
+            "initialized": True,
+        }
+        capacity = getattr(self._storage, "max_size", None)
+        if capacity is not None and capacity < torch.iinfo(torch.int64).max:
+            out["capacity"] = int(capacity)
+            out["utilization"] = len(self) / capacity if capacity else 0.0
+        return out
+
+    # -- in-place edits of the stored data ------------------------------------------------------------------
+    def _edit_rows(self, index, edit) -> None:
+        with self._replay_lock, self._storage.write_lock:
+            if index is None:
+                index = torch.arange(self._storage.rows_written())
+            data = self._storage.get(index)
+            if not isinstance(data, TensorDictBase):
+                raise TypeError(
+                    f"In-place edits need a storage of TensorDicts; this buffer's storage returned "
+                    f"{type(data).__name__}. Write the new values with rb[index] = value instead."
+                )
+            edit(data)
+            self._storage.set(index, data, set_cursor=False)
+
+    def set_(self, key, value) -> None:
+        """Sets entry ``key`` of every stored item to ``value`` (shaped like the stored rows)."""
+        self._edit_rows(None, lambda data: data.set_(key, value))
+
+    def set_at_(self, key, value, index) -> None:
+        """Sets entry ``key`` of the stored items at ``index`` (rows) to ``value``."""
+        self._edit_rows(torch.as_tensor(index, dtype=torch.long), lambda data: data.set_(key, value))
+
+    def update_(self, tensordict: TensorDictBase, clone: bool = False, *, keys_to_update=None) -> None:
+        """Updates the stored items in place with the entries of ``tensordict`` (shaped like the stored rows)."""
+        src = tensordict.clone() if clone else tensordict
+        self._edit_rows(None, lambda data: data.update_(src, keys_to_update=keys_to_update))
+
+    def read_all_in_order(self, end: int | None = None):
+        """The stored items in storage order, up to ``end`` (``rb[:end]``)."""
+        return self[:end]
+
+    def write_all(self, data, end: int | None = None) -> None:
+        """Overwrites the stored items up to ``end`` (``rb[:end] = data``)."""
+        self[:end] = data
+
+    def update_if_present(
+        self, *, index, generation, patch: TensorDictBase, version_key=None, version=None, require_newer=False
+    ) -> ConditionalUpdateResult:
+        """Writes ``patch`` into the rows at ``index`` that were not overwritten since they were read.
+
+        ``generation`` is what ``info["index_generation"]`` held when the rows were sampled; a row whose
+        generation changed since (overwritten or emptied) is left alone. With ``version_key``, a row is also
+        left alone when its stored version is newer than ``version`` (or not older, with
+        ``require_newer=True``); written rows get ``version`` in that entry. Needs a writer built with
+        ``track_generations=True``.
+
+        Returns:
+            ConditionalUpdateResult: the ``updated`` and ``version_rejected`` masks over ``index``.
+        """
+        if not self._writer.tracks_generations:
+            raise RuntimeError(
+                "update_if_present() compares slot generations: build the writer with "
+                "RoundRobinWriter(track_generations=True) (or TensorDictRoundRobinWriter(track_generations=True))."
+            )
+        index = torch.as_tensor(index, dtype=torch.long).reshape(-1)
+        generation = torch.as_tensor(generation, dtype=torch.long).reshape(-1).expand_as(index)
+        with self._replay_lock, self._storage.write_lock:
+            fresh = self._writer.generations_of(index) == generation
+            rejected = torch.zeros_like(fresh)
+            if version_key is not None:
+                if version is None:
+                    raise ValueError("`version_key` needs `version`, the version of the patch.")
+                version = torch.as_tensor(version).reshape(-1).expand(index.shape)
+                stored = self._storage.get(index).get(version_key).reshape(index.shape[0], -1)[:, 0]
+                ok = version > stored if require_newer else version >= stored
+                rejected = fresh & ~ok
+                fresh = fresh & ok
+            if bool(fresh.any()):
+                rows = index[fresh]
+                part = patch[fresh] if patch.batch_dims else patch.expand(rows.shape[0])
+                current = self._storage.get(rows)
+                current.update(part)
+                if version_key is not None:
+                    current.set(version_key, version[fresh].to(current.get(version_key).dtype))
+                self._storage.set(rows, current, set_cursor=False)
+        return ConditionalUpdateResult(updated=fresh, version_rejected=rejected)
+
+    # -- iteration and hooks -------------------------------------------------------------------------------
+    def next(self):
+        """One batch of a persistent iteration over the buffer (see ``__iter__``); ``None`` once the sampler
+        ran out, after which the next call starts a new pass."""
+        iterator = _NEXT_ITERATORS.get(self)
+        if iterator is None:
+            iterator = _NEXT_ITERATORS[self] = iter(self)
+        try:
+            return next(iterator)
+        except StopIteration:
+            _NEXT_ITERATORS.pop(self, None)
+            return None
+
+    def register_save_hook(self, hook) -> None:
+        """Forwarded to the storage's checkpointer, which refuses hooks (they would run arbitrary code on the
+        saved data: this checkpoint format runs none)."""
+        self._storage.checkpointer.register_save_hook(hook)
+
+    def register_load_hook(self, hook) -> None:
+        """Forwarded to the storage's checkpointer, which refuses hooks (see :meth:`register_save_hook`)."""
+        self._storage.checkpointer.register_load_hook(hook)
