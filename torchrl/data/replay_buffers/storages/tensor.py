@@ -101,6 +101,7 @@ class TensorStorage(RowReads, Storage):
         self._share_on_init = False
         self._codec: DataCodec | None = None
         self._keys: list = []
+        self._key_set: set = set()
         self._extra_shape = torch.Size([])
         if storage is not None:
             codec = DataCodec.for_data(storage)
@@ -140,6 +141,7 @@ class TensorStorage(RowReads, Storage):
         self._storage = backing
         self._codec = codec
         self._keys = list(backing.keys(include_nested=True, leaves_only=True))
+        self._key_set = set(self._keys)
         self._extra_shape = backing.batch_size[1 : self.ndim]
         self.max_size = backing.batch_size[: self.ndim].numel()
         self._counters["revision"] += 1
@@ -339,15 +341,16 @@ class TensorStorage(RowReads, Storage):
             td = self._codec.encode(data, batch_dims=batch_dims)
         except TypeError as err:
             raise TypeError(f"Cannot write this data into the storage: {err}") from None
-        keys = set(td.keys(include_nested=True, leaves_only=True))
+        given = td.keys(include_nested=True, leaves_only=True)
+        keys = set(given)
         if self._codec.kind in ("tensordict", "tensorclass"):
             check_tensor_only(td)
         expected = torch.Size([*batch, *self._extra_shape])
-        if self._codec.kind == "tensordict":  # update only the entries written (see _keys)
+        if self._codec.kind == "tensordict" and keys != self._key_set:  # only the entries written (see _keys)
             shared = self._counters.is_shared
             td, updated = _keys.partial_write(self._storage, self._keys, td, expected, shared, self.ndim)
             return self._check_entries(td, batch, expected, updated)
-        if keys != set(self._keys):
+        if keys != self._key_set:
             missing = sorted(map(str, set(self._keys) - keys))
             extra = sorted(map(str, keys - set(self._keys)))
             raise ValueError(
@@ -359,11 +362,12 @@ class TensorStorage(RowReads, Storage):
 
     def _grow(self, td: TensorDictBase, lead: int) -> list:
         """The keys a validated write copies, after adding the new entries it brings to the backing."""
-        if self._codec.kind != "tensordict":
+        if self._codec.kind != "tensordict" or set(td.keys(include_nested=True, leaves_only=True)) == self._key_set:
             return self._keys
         keys, grown = _keys.add_entries(self._storage, self._keys, td, lead, self.ndim)
         if grown:  # a new list: a write checked against the old layout is checked again
             self._keys = list(self._storage.keys(include_nested=True, leaves_only=True))
+            self._key_set = set(self._keys)
         return keys
 
     def _check_entries(self, td: TensorDictBase, batch: tuple, expected_batch: torch.Size, keys: list):
