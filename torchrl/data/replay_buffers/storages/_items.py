@@ -70,3 +70,19 @@ def _ragged_message(what: str) -> str:
         f"Cannot write this batch into a tensor storage: {what}, and a tensor storage holds items of one shape. "
         f"Use ListStorage for items of different shapes, or pad them to one shape."
     )
+
+
+def leading_shape(td: TensorDictBase) -> torch.Size:
+    """The batch size of ``td``, or the shape of its first leaf when the batch size is empty."""
+    if td.batch_dims:
+        return td.batch_size
+    for value in td.values(include_nested=True, leaves_only=True):
+        return value.shape
+    return torch.Size([])
+
+
+def with_batch(td: TensorDictBase, batch) -> TensorDictBase:
+    """A shallow copy of ``td`` with the batch size ``batch``."""
+    out = td.copy()
+    out.batch_size = torch.Size(batch)
+    return out

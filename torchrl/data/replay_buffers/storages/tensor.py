@@ -169,7 +169,7 @@ class TensorStorage(RowReads, Storage):
                 f"Write data with these leading dims (rb.extend takes [env, time, ...] batches with the default "
                 f"`dim_extend`=ndim - 1), or use a storage with ndim=1 for flat data."
             )
-        item = item if item.batch_dims == self.ndim - 1 else _with_batch(item, extra)
+        item = item if item.batch_dims == self.ndim - 1 else _items.with_batch(item, extra)
         cells = math.prod(extra) if self.ndim > 1 else 1
         rows = -(-self.max_size // cells)  # ceil: the grid holds at least max_size cells
         if rows < 1:
@@ -194,7 +194,7 @@ class TensorStorage(RowReads, Storage):
             raise RuntimeError("The storage is not initialized: pass the data to size its rows.")
         skip = 0 if single_data is not None else 1
         td = DataCodec.for_data(data).encode(data, batch_dims=0)
-        extra = _leading_shape(td)[skip : skip + self.ndim - 1]
+        extra = _items.leading_shape(td)[skip : skip + self.ndim - 1]
         return -(-self.max_size // max(1, math.prod(extra)))
 
     def rows_written(self) -> int:
@@ -261,7 +261,9 @@ class TensorStorage(RowReads, Storage):
         if self._storage is None or self.ndim > 1:
             return None
         data = _items.as_batch(data)
-        return CheckedWrite(data, self._encode_checked(data, batch=(n,)), self._keys)
+        td, keys = self._encode_checked(data, batch=(n,))
+        # a write of other keys than the stored ones may grow the backing: checked again under the lock
+        return None if keys is None else CheckedWrite(data, td, self._keys)
 
     def _write(self, cursor, data, set_cursor: bool) -> None:
         checked = None
@@ -284,8 +286,8 @@ class TensorStorage(RowReads, Storage):
             cursor = range(*cursor.indices(rows))
         if single:
             cursor = check_int(cursor, rows, "cursor")
-            td = self._encode_checked(data, batch=())
-            keys = self._grow(td, self.ndim - 1)
+            td, keys = self._encode_checked(data, batch=())
+            keys = keys if keys is not None else self._grow(td, self.ndim - 1)
             versions = self._versions
             if versions is not None:
                 versions.begin(cursor)
@@ -308,10 +310,10 @@ class TensorStorage(RowReads, Storage):
         else:
             index = check_bounds(as_index_tensor(cursor, device=self._storage.device), rows, "cursor")
             if checked is not None and checked.encoded.batch_size[:1] == index.shape:
-                td = checked.encoded
+                td, keys = checked.encoded, self._keys
             else:
-                td = self._encode_checked(data, batch=(index.numel(),))
-            keys = self._grow(td, self.ndim)
+                td, keys = self._encode_checked(data, batch=(index.numel(),))
+            keys = keys if keys is not None else self._grow(td, self.ndim)
             versions = self._versions
             if versions is not None:
                 written = index.numpy()
@@ -333,9 +335,11 @@ class TensorStorage(RowReads, Storage):
             counters["last_row"] = last
         counters["revision"] += 1
 
-    def _encode_checked(self, data, batch: tuple[int, ...]) -> TensorDictBase:
+    def _encode_checked(self, data, batch: tuple[int, ...]) -> tuple[TensorDictBase, list | None]:
         """Encodes ``data`` and checks its keys, shapes and values against the backing before anything is
-        written: a value the cast to the stored dtype would change (see :func:`._casts.check_cast`) is refused."""
+        written: a value the cast to the stored dtype would change (see :func:`._casts.check_cast`) is refused.
+        Returns the encoded data and the keys to copy: the stored keys, or ``None`` for a TensorDict write of
+        other keys (a subset, or new ones: :meth:`_grow` adds them at write time)."""
         batch_dims = len(batch) + self.ndim - 1
         try:
             td = self._codec.encode(data, batch_dims=batch_dims)
@@ -349,7 +353,7 @@ class TensorStorage(RowReads, Storage):
         if self._codec.kind == "tensordict" and keys != self._key_set:  # only the entries written (see _keys)
             shared = self._counters.is_shared
             td, updated = _keys.partial_write(self._storage, self._keys, td, expected, shared, self.ndim)
-            return self._check_entries(td, batch, expected, updated)
+            return self._check_entries(td, batch, expected, updated), None
         if keys != self._key_set:
             missing = sorted(map(str, set(self._keys) - keys))
             extra = sorted(map(str, keys - set(self._keys)))
@@ -358,12 +362,10 @@ class TensorStorage(RowReads, Storage):
                 f"unexpected keys {extra}. Write data with the keys of the first write, or empty() the buffer "
                 f"and use a new storage for data of another structure."
             )
-        return self._check_entries(td, batch, expected, self._keys)
+        return self._check_entries(td, batch, expected, self._keys), self._keys
 
     def _grow(self, td: TensorDictBase, lead: int) -> list:
-        """The keys a validated write copies, after adding the new entries it brings to the backing."""
-        if self._codec.kind != "tensordict" or set(td.keys(include_nested=True, leaves_only=True)) == self._key_set:
-            return self._keys
+        """The keys a validated write of other keys copies, after adding the new entries it brings."""
         keys, grown = _keys.add_entries(self._storage, self._keys, td, lead, self.ndim)
         if grown:  # a new list: a write checked against the old layout is checked again
             self._keys = list(self._storage.keys(include_nested=True, leaves_only=True))
@@ -585,17 +587,3 @@ class LazyTensorStorage(TensorStorage):
             None, max_size=max_size, device=device, ndim=ndim, compilable=compilable, consistent_reads=consistent_reads
         )
 
-
-def _leading_shape(td: TensorDictBase) -> torch.Size:
-    """The batch size of ``td``, or the shape of its first leaf when the batch size is empty."""
-    if td.batch_dims:
-        return td.batch_size
-    for value in td.values(include_nested=True, leaves_only=True):
-        return value.shape
-    return torch.Size([])
-
-
-def _with_batch(td: TensorDictBase, batch) -> TensorDictBase:
-    out = td.copy()
-    out.batch_size = torch.Size(batch)
-    return out
