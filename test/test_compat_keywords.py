@@ -93,10 +93,11 @@ def test_torch_compile_of_storage_get_and_set_with_compilable_true():
 
 # -- shared_init, auto_cleanup ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("cls", [LazyTensorStorage, LazyMemmapStorage])
-def test_shared_init_false_is_accepted_and_true_is_refused_clearly(cls):
+def test_shared_init_is_a_checked_bool(cls):  # behaviour: test/test_nontensor_storage.py (shared_init section)
     assert cls(4, shared_init=False).shared_init is False
-    with pytest.raises(NotImplementedError, match="shared_init=True"):
-        cls(4, shared_init=True)
+    assert cls(4, shared_init=True).shared_init is True
+    with pytest.raises(TypeError, match="shared_init"):
+        cls(4, shared_init="yes")
 
 
 def test_auto_cleanup_defaults_to_true_without_scratch_dir_and_false_with_one(tmp_path):
@@ -227,9 +228,9 @@ def test_delayed_init_is_accepted_and_the_buffer_is_built_at_once():
         assert rb.initialized
 
 
-def test_consume_after_n_samples_is_validated_then_refused():
-    with pytest.raises(NotImplementedError, match="consume_after_n_samples"):
-        ReplayBuffer(consume_after_n_samples=2)
+def test_consume_after_n_samples_is_validated_and_builds_a_consuming_sampler():
+    # behaviour: test/test_consuming_sampler.py
+    assert ReplayBuffer(consume_after_n_samples=2).sampler.max_sample_count == 2
     with pytest.raises((TypeError, ValueError)):
         ReplayBuffer(consume_after_n_samples=0)
 
@@ -300,3 +301,26 @@ def test_save_and_load_hooks_are_refused_clearly():
         rb.register_save_hook(lambda *a: None)
     with pytest.raises(NotImplementedError, match="hook"):
         rb.register_load_hook(lambda *a: None)
+
+
+def test_buffer_checkpointer_keyword_sets_the_storage_layout(tmp_path):
+    from torchrl.data import NestedStorageCheckpointer
+
+    checkpointer = NestedStorageCheckpointer()
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10), checkpointer=checkpointer, batch_size=2)
+    assert rb.storage.checkpointer is checkpointer
+    data = TensorDict(
+        obs=torch.randn(4, 2), done=torch.zeros(4, 1, dtype=torch.bool),
+        next=TensorDict(obs=torch.randn(4, 2), done=torch.zeros(4, 1, dtype=torch.bool), batch_size=[4]),
+        batch_size=[4],
+    )
+    rb.extend(data)
+    rb.dumps(tmp_path / "ck")
+    restored = TensorDictReplayBuffer(storage=LazyTensorStorage(10), checkpointer=NestedStorageCheckpointer())
+    restored.loads(tmp_path / "ck")
+    assert torch.equal(restored[:4]["obs"], data["obs"])
+
+
+def test_buffer_checkpointer_keyword_refuses_a_non_checkpointer():
+    with pytest.raises(TypeError, match="`checkpointer` must be a StorageCheckpointerBase"):
+        ReplayBuffer(checkpointer="flat")

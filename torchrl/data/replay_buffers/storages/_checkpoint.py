@@ -11,7 +11,9 @@ written ones, or every row when the files are linked whole) and ``leaves`` (``ke
 
 List storage part: ``class``, ``max_size``, ``count`` and ``layout``: ``"empty"``, ``"stacked"`` (one entry
 whose leaves stack every item) or ``"items"`` (one entry per item); each entry holds a data ``codec``, a
-``batch_size`` and its ``leaves``.
+``batch_size`` and its ``leaves``: tensor leaves (``key``, ``tensor`` name) and, for the non-tensor entries of
+TensorDict and tensorclass items (strings, numbers, ``None``), ``"json"`` leaves (``key``, ``kind="json"``,
+``values``: one JSON value per item of the entry, as in :mod:`._ragged`). A leaf without ``kind`` is a tensor.
 """
 
 from __future__ import annotations
@@ -19,19 +21,20 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
 import torchrl.data.replay_buffers._checkpoint_io as _io
+import torchrl.data.replay_buffers.storages._ragged as _ragged
 from torchrl.data.replay_buffers._checkpoint_io import CheckpointError
 from torchrl.data.replay_buffers._checkpoint_validate import check_int_field
 from torchrl.data.replay_buffers._persistence import PartContext, check_class, mismatch, qualname
 from torchrl.data.replay_buffers.storages._codec import DataCodec
 
 
-def _leaf_names(keys: list[tuple]) -> list[str]:
+def leaf_names(keys: list[tuple]) -> list[str]:
     names = ["/".join(key) for key in keys]
     if all(_io.name_problem(n) is None for n in names) and len(set(names)) == len(names):
         return names
@@ -73,7 +76,7 @@ def tensor_storage_part(
     saved_rows = backing.batch_size[0] if whole else rows
     keys = _leaf_keys(backing)
     tensors, leaves = {}, []
-    for key, name in zip(keys, _leaf_names(keys)):
+    for key, name in zip(keys, leaf_names(keys)):
         leaf = backing.get(key)
         tensors[ctx.name(f"storage/{name}")] = leaf[:saved_rows]
         leaves.append(
@@ -205,44 +208,66 @@ def copy_saved_rows(doc: dict, tensors: Mapping, backing: TensorDictBase) -> Non
 
 
 # -- list storages ----------------------------------------------------------------------------------------------
-def _encode_items(items: list) -> tuple[list, list]:
-    codecs, tds = [], []
-    for i, item in enumerate(items):
-        try:
-            codec = DataCodec.for_data(item)
-            tds.append(codec.encode(item, batch_dims=0))
-        except (TypeError, ValueError) as err:
-            raise TypeError(
-                f"Cannot save item {i} of the ListStorage ({type(item).__name__}): {err} Checkpoints hold "
-                f"tensors, TensorDicts, tensorclasses and pytrees of tensors only; anything else would need "
-                f"pickle, which this format never uses (loading a pickle runs code). Nothing was written."
-            ) from None
-        codecs.append(codec)
-    return codecs, tds
+class _Encoded(NamedTuple):
+    """An item to save: its codec, a TensorDict of its tensor leaves and its non-tensor leaves (key -> JSON)."""
+
+    codec: DataCodec
+    td: TensorDictBase
+    json: dict
+
+    def signature(self) -> tuple:
+        described = [(_key_tuple(k), list(v.shape), v.dtype) for k, v in self.td.items(True, True)]
+        return self.codec.to_json(), described, list(self.td.batch_size), list(self.json)
 
 
-def _describe_td(td: TensorDictBase) -> list:
-    return [(_key_tuple(k), list(v.shape), v.dtype) for k, v in td.items(include_nested=True, leaves_only=True)]
+def _encode_item(i: int, item) -> _Encoded:
+    try:
+        codec = DataCodec.for_data(item)
+    except (TypeError, ValueError) as err:
+        raise TypeError(
+            f"Cannot save item {i} of the ListStorage ({type(item).__name__}): {err} Checkpoints hold "
+            f"tensors, TensorDicts, tensorclasses and pytrees of tensors only; anything else would need "
+            f"pickle, which this format never uses (loading a pickle runs code). Nothing was written."
+        ) from None
+    td = _ragged.item_td(codec, item)
+    leaves = _ragged.td_leaves(td)
+    if not any(_ragged.is_json_leaf(value) for _, value in leaves):
+        return _Encoded(codec, td, {})
+    tensors, json = TensorDict(batch_size=td.batch_size, device=td.device), {}
+    for key, value in leaves:
+        if _ragged.is_json_leaf(value):  # a str, number or None (or a stack of them): saved as JSON
+            json[key] = _ragged.non_tensor_value(value, key, f"item {i} of the ListStorage")
+        else:
+            tensors.set(key, value)
+    return _Encoded(codec, tensors, json)
 
 
 def list_storage_part(storage, items: list, ctx: PartContext) -> tuple[dict, dict]:
+    """The part of a :class:`~torchrl.data.ListStorage` holding ``items``.
+
+    Tensor leaves are saved as tensors (one per leaf, stacked over the items when they all share one structure);
+    non-tensor entries (strings, numbers, None) are ``"json"`` leaves holding one value per item of the entry.
+    """
     doc: dict[str, Any] = {"class": qualname(storage), "max_size": storage.max_size, "count": len(items)}
     if not items:
         return {}, {**doc, "layout": "empty"}
-    codecs, tds = _encode_items(items)
-    first = codecs[0].to_json(), _describe_td(tds[0]), list(tds[0].batch_size)
-    homogeneous = all((c.to_json(), _describe_td(t), list(t.batch_size)) == first for c, t in zip(codecs, tds))
+    encoded = [_encode_item(i, item) for i, item in enumerate(items)]
+    first = encoded[0].signature()
+    homogeneous = all(e.signature() == first for e in encoded)
     if homogeneous:
-        groups = [(codecs[0], torch.stack(tds), "stacked")]
+        stacked = torch.stack([e.td for e in encoded])
+        json = {key: [e.json[key] for e in encoded] for key in encoded[0].json}
+        groups = [(encoded[0].codec, stacked, json, "stacked")]
     else:
-        groups = [(c, t, f"items/{i}") for i, (c, t) in enumerate(zip(codecs, tds))]
+        groups = [(e.codec, e.td, {k: [v] for k, v in e.json.items()}, f"items/{i}") for i, e in enumerate(encoded)]
     tensors, entries = {}, []
-    for codec, td, sub in groups:
+    for codec, td, json, sub in groups:
         keys = _leaf_keys(td)
-        leaves = []
-        for key, name in zip(keys, _leaf_names(keys)):
+        leaves: list[dict] = []
+        for key, name in zip(keys, leaf_names(keys)):
             tensors[ctx.name(f"storage/{sub}/{name}")] = td.get(key)
             leaves.append({"key": list(key), "tensor": ctx.name(f"storage/{sub}/{name}")})
+        leaves.extend({"key": list(key), "kind": "json", "values": values} for key, values in json.items())
         entries.append({"codec": codec.to_json(), "batch_size": list(td.batch_size), "leaves": leaves})
     return tensors, {**doc, "layout": "stacked" if homogeneous else "items", "entries": entries}
 
@@ -255,7 +280,8 @@ def check_list_storage_part(storage, doc: dict, tensors: Mapping, ctx: PartConte
     where = f"The ListStorage description in the checkpoint {ctx.path!r}"
     count = check_int_field(doc["count"], "count", where, 0, storage.max_size, fix="`count` is the number of items.")
     entries = doc.get("entries", [])
-    held = sum(entry["batch_size"][0] for entry in entries) if doc.get("layout") == "stacked" else len(entries)
+    stacked = doc.get("layout") == "stacked"
+    held = sum(entry["batch_size"][0] for entry in entries) if stacked else len(entries)
     if held != count:
         raise CheckpointError(
             f"{where}: `count` is {count} but the entries hold {held} items. Save the storage again with `dumps`. "
@@ -263,8 +289,13 @@ def check_list_storage_part(storage, doc: dict, tensors: Mapping, ctx: PartConte
         )
     for entry in entries:
         DataCodec.from_json(entry["codec"])
-        if any(leaf["tensor"] not in tensors for leaf in entry["leaves"]):
-            raise ValueError("The checkpoint's ListStorage entries refer to tensors it does not hold.")
+        n = entry["batch_size"][0] if stacked else 1
+        item_batch = entry["batch_size"][1:] if stacked else entry["batch_size"]
+        for leaf in entry["leaves"]:
+            if leaf.get("kind") == "json":
+                _ragged.check_json_leaf(leaf, n, f"{where}, entry {leaf.get('key')!r}", [item_batch] * n)
+            elif leaf.get("tensor") not in tensors:
+                raise ValueError("The checkpoint's ListStorage entries refer to tensors it does not hold.")
     ctx.facts["storage_rows"] = storage.max_size
 
 
@@ -273,11 +304,16 @@ def list_storage_items(doc: dict, tensors: Mapping) -> list:
     items = []
     for entry in doc.get("entries", []):
         td = TensorDict(batch_size=entry["batch_size"])
+        json = []
         for leaf in entry["leaves"]:
-            td.set(tuple(leaf["key"]), tensors[leaf["tensor"]].as_subclass(torch.Tensor).clone())
+            if leaf.get("kind") == "json":
+                json.append((tuple(leaf["key"]), [_ragged.from_json_value(v) for v in leaf["values"]]))
+            else:
+                td.set(tuple(leaf["key"]), tensors[leaf["tensor"]].as_subclass(torch.Tensor).clone())
         codec = DataCodec.from_json(entry["codec"])
-        if doc["layout"] == "stacked":
-            items.extend(codec.decode(td[i]) for i in range(td.batch_size[0]))
-        else:
-            items.append(codec.decode(td))
+        tds = [td[i] for i in range(td.batch_size[0])] if doc["layout"] == "stacked" else [td]
+        for i, item in enumerate(tds):
+            for key, values in json:
+                _ragged.set_json_leaf(item, key, values[i])
+            items.append(codec.decode(item))
     return items

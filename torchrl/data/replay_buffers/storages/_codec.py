@@ -12,6 +12,9 @@ kind            backing TensorDict                           returned by ``get``
 ``tensorclass`` the tensorclass's TensorDict                 an instance of the same tensorclass
 ``pytree``      one leaf per pytree path (``"obs"``, ``"0"``) the same pytree (dicts, tuples, lists)
 ==============  ===========================================  ==========================================
+
+String entries of TensorDicts and tensorclasses (``NonTensorData``/``NonTensorStack``) become UTF-8 byte leaves
+and come back as non-tensor entries: see :mod:`._nontensor` and its NOTE.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase, is_tensorclass
+from tensordict import TensorDict, TensorDictBase, is_tensorclass
+
+from torchrl.data.replay_buffers.storages._nontensor import from_stored, has_nontensor, to_stored
 
 TENSOR_KEY = "_tensor"
 KINDS = ("tensor", "tensordict", "tensorclass", "pytree")
@@ -55,17 +60,6 @@ def data_kind(data) -> str:
     )
 
 
-def check_tensor_only(td: TensorDictBase) -> None:
-    """Refuses non-tensor entries (strings, objects): tensor storages keep tensors only."""
-    for key, value in td.items(include_nested=True):
-        if isinstance(value, (NonTensorData, NonTensorStack)):
-            raise TypeError(
-                f"Entry {key!r} holds non-tensor data ({type(value).__name__}); tensor storages keep tensors "
-                f"only. Use ListStorage for data with strings or other objects, or convert the entry to a "
-                f"tensor (e.g. tokenize text)."
-            )
-
-
 class DataCodec:
     """Converts one kind of data to a TensorDict and back (see the module docstring).
 
@@ -74,6 +68,11 @@ class DataCodec:
         tensorclass (type, optional): the tensorclass to rebuild, for ``kind="tensorclass"``.
         treespec (pytree.TreeSpec, optional): the structure to rebuild, for ``kind="pytree"``.
         keys (list of tuples of str, optional): the pytree leaf keys, in ``treespec`` order.
+
+    Attributes:
+        strings (dict): the string entries of the backing (key tuple -> width in bytes), set by the storage
+            from its backing; empty when it holds none (then ``encode``/``decode`` cost nothing more).
+        fixed_width (int, optional): the storage's ``max_string_bytes``, the width of new string entries.
     """
 
     def __init__(self, kind: str, *, tensorclass=None, treespec=None, keys=None):
@@ -83,6 +82,8 @@ class DataCodec:
         self.tensorclass = tensorclass
         self.treespec = treespec
         self.keys = keys
+        self.strings: dict[tuple, int] = {}
+        self.fixed_width: int | None = None
 
     @classmethod
     def for_data(cls, data) -> DataCodec:
@@ -110,13 +111,18 @@ class DataCodec:
         if kind == "tensordict":
             if not isinstance(data, TensorDictBase):
                 raise TypeError(f"This storage holds TensorDicts; got {type(data).__name__}.")
+            if self.strings or has_nontensor(data):
+                return to_stored(data, self.strings, self.fixed_width)
             return data
         if kind == "tensorclass":
             if not is_tensorclass(data):
                 raise TypeError(
                     f"This storage holds {self.tensorclass.__name__} instances; got {type(data).__name__}."
                 )
-            return data._tensordict
+            td = data._tensordict
+            if self.strings or has_nontensor(td):
+                return to_stored(td, self.strings, self.fixed_width)
+            return td
         leaves, spec = pytree.tree_flatten(data)
         if spec != self.treespec:
             raise ValueError(
@@ -132,9 +138,9 @@ class DataCodec:
         if kind == "tensor":
             return td.get(TENSOR_KEY)
         if kind == "tensordict":
-            return td
+            return from_stored(td, list(self.strings)) if self.strings else td
         if kind == "tensorclass":
-            return self.tensorclass._from_tensordict(td)
+            return self.tensorclass._from_tensordict(from_stored(td, list(self.strings)) if self.strings else td)
         return pytree.tree_unflatten([td.get(k) for k in self.keys], self.treespec)
 
     # -- JSON description (checkpoints) -----------------------------------------------------------------------
@@ -163,7 +169,8 @@ class DataCodec:
         return cls(kind)
 
     def __getstate__(self):
-        return self.to_json() if self.kind != "tensorclass" else {"kind": self.kind, "cls": self.tensorclass}
+        state = self.to_json() if self.kind != "tensorclass" else {"kind": self.kind, "cls": self.tensorclass}
+        return {**state, "strings": [[list(k), w] for k, w in self.strings.items()], "fixed_width": self.fixed_width}
 
     def __setstate__(self, state):
         if state["kind"] == "tensorclass":
@@ -171,6 +178,8 @@ class DataCodec:
         else:
             other = DataCodec.from_json(state)
             self.__init__(other.kind, treespec=other.treespec, keys=other.keys)
+        self.strings = {tuple(k): w for k, w in state.get("strings", [])}
+        self.fixed_width = state.get("fixed_width")
 
     def __eq__(self, other) -> bool:
         return isinstance(other, DataCodec) and self.to_json() == other.to_json()

@@ -21,17 +21,24 @@ def _is_bool(index) -> bool:
 
 
 def as_index_tensor(index, device=None) -> torch.Tensor:
-    """A 1-D int64 tensor from a tensor, list, range or ndarray index (boolean masks become positions)."""
+    """A 1-D int64 tensor from a tensor, list, range or ndarray index (boolean masks become positions).
+
+    An empty list or tuple is an empty index (numpy would make it float64); an explicitly floating tensor or
+    ndarray is refused, empty or not.
+    """
     if isinstance(index, range):
         return torch.arange(index.start, index.stop, index.step, device=device)
     if not isinstance(index, torch.Tensor):
         try:
-            index = torch.as_tensor(np.asarray(index))
+            array = np.asarray(index)
         except (TypeError, ValueError) as err:
             raise TypeError(
                 f"Cannot index a storage with {type(index).__name__} {index!r}: pass an int, a slice, a 1-D "
                 f"tensor/list/ndarray of ints or a boolean mask."
             ) from err
+        if not array.size and not isinstance(index, np.ndarray):
+            array = array.astype(np.int64)  # numpy makes an empty list float64; as in numpy, [] selects nothing
+        index = torch.as_tensor(array)
     if index.dtype == torch.bool:
         index = index.nonzero().squeeze(-1)
     elif index.is_floating_point() or index.is_complex():

@@ -43,12 +43,17 @@ class LazyMemmapStorage(LazyTensorStorage):
             Defaults to ``False`` (a clear error instead).
         compilable (bool): accepted for TorchRL compatibility (see :class:`~torchrl.data.Storage`).
             Defaults to ``False``.
-        shared_init (bool): only ``False`` is supported (see :class:`~torchrl.data.LazyTensorStorage`).
-            Defaults to ``False``.
+        shared_init (bool): let the first write come from any process that shares the storage; the files go to
+            ``scratch_dir`` or to a temporary directory created at construction (see
+            :class:`~torchrl.data.LazyTensorStorage`). Defaults to ``False``.
         auto_cleanup (bool, optional): whether the temporary directory this storage creates (``scratch_dir``
             ``None``) is removed when the storage is garbage collected or the process exits. ``False`` keeps
             it (until :func:`~torchrl.data.cleanup_stale_scratch_dirs` runs after this process ended). A ``scratch_dir`` you pass is never removed: ``auto_cleanup=True`` with a ``scratch_dir``
             raises ``NotImplementedError``. Defaults to ``None``: ``True`` without ``scratch_dir``.
+        max_string_bytes (int, optional): the width of string entries (see
+            :class:`~torchrl.data.LazyTensorStorage`). Without it, each string entry is sized at its first
+            write (at least 256 bytes) and longer strings are refused later, since other processes map the
+            files. Defaults to ``None``.
 
     .. note:: Pickling this storage (``pickle``, ``torch.save``, DataLoader workers) sends the path of its
         files, never their bytes. A copy in another process never removes the original's directory.
@@ -78,6 +83,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         compilable: bool = False,
         shared_init: bool = False,
         auto_cleanup: bool | None = None,
+        max_string_bytes: int | None = None,
     ):
         self.auto_cleanup = check_auto_cleanup(auto_cleanup, scratch_dir)
         if self.auto_cleanup and scratch_dir is not None:
@@ -94,22 +100,37 @@ class LazyMemmapStorage(LazyTensorStorage):
                 f"{device!r}. Use LazyTensorStorage(device={str(device)!r}) for data on that device, or move "
                 f"sampled batches with `.to(device)` (e.g. in a transform)."
             )
-        super().__init__(max_size, device="cpu", ndim=ndim, compilable=compilable, shared_init=shared_init)
         self.scratch_dir = None if scratch_dir is None else str(Path(scratch_dir).absolute())
         self.existsok = bool(existsok)
         self._memmap_dir: str | None = None
         self._owns_dir = False
+        super().__init__(
+            max_size,
+            device="cpu",
+            ndim=ndim,
+            compilable=compilable,
+            shared_init=shared_init,
+            max_string_bytes=max_string_bytes,
+        )
         self._make_shared()  # files are shared by every process that opens them: so are the counters
         register_memmap_storage(self)  # the _MEMMAP_STORAGE_REGISTRY view
 
+    def _new_scratch_dir(self) -> str:
+        path = make_scratch_dir()  # registered: removed at exit and on SIGTERM, by this process only
+        if self.auto_cleanup:
+            weakref.finalize(self, remove_owned_path, path)
+            self._owns_dir = True
+        else:
+            unregister_owned_path(path)  # auto_cleanup=False: the directory outlives the storage
+        return path
+
+    def _shared_init_dir(self) -> str:
+        return self.scratch_dir if self.scratch_dir is not None else self._new_scratch_dir()
+
     def _allocate(self, item: TensorDictBase, rows: int) -> TensorDictBase:
+        state = self.shared_init_state
         if self.scratch_dir is None:
-            path = make_scratch_dir()  # registered: removed at exit and on SIGTERM, by this process only
-            if self.auto_cleanup:
-                weakref.finalize(self, remove_owned_path, path)
-                self._owns_dir = True
-            else:
-                unregister_owned_path(path)  # auto_cleanup=False: the directory outlives the storage
+            path = self._new_scratch_dir() if state is None else state.directory
         else:
             path = self.scratch_dir
             if not self.existsok and Path(path).exists() and any(Path(path).iterdir()):
@@ -132,6 +153,8 @@ class LazyMemmapStorage(LazyTensorStorage):
     @property
     def memmap_dir(self) -> str | None:
         """The directory holding the memory-mapped files (``None`` before the first write)."""
+        if self._memmap_dir is None and self.shared_init_state is not None:
+            return self.shared_init_state.directory
         return self._memmap_dir
 
     def share_memory_(self) -> LazyMemmapStorage:

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+import warnings
+import weakref
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
-import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
 import torchrl.data.replay_buffers.storages._items as _items
-import torchrl.data.replay_buffers.storages._keys as _keys
+import torchrl.data.replay_buffers.storages._nontensor as _nt
 from torchrl._validation import check_bool, check_positive_int
-from torchrl.data.replay_buffers._persistence import PartContext
+from torchrl.data.replay_buffers._cleanup import make_scratch_dir, remove_owned_path
 from torchrl.data.replay_buffers._shared import (
     NULL_LOCK,
     ProcessLock,
@@ -32,16 +32,18 @@ from torchrl.data.replay_buffers._shared import (
 )
 from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer
 from torchrl.data.replay_buffers.storages._casts import check_cast
-from torchrl.data.replay_buffers.storages._codec import DataCodec, check_tensor_only
-from torchrl.data.replay_buffers.storages._compat_args import check_shared_init
+from torchrl.data.replay_buffers.storages._codec import DataCodec
 from torchrl.data.replay_buffers.storages._index import as_index_tensor, check_bounds, check_int, is_int
 from torchrl.data.replay_buffers.storages._reads import RowReads
+from torchrl.data.replay_buffers.storages._shared_init import SharedInit
+from torchrl.data.replay_buffers.storages._state import StorageState
+from torchrl.data.replay_buffers.storages._writes import WriteEncoding
 from torchrl.data.replay_buffers.storages.base import CheckedWrite, Storage, _check_max_size
 
 _COUNTERS = ("rows", "last_row", "revision")
 
 
-class TensorStorage(RowReads, Storage):
+class TensorStorage(RowReads, WriteEncoding, StorageState, Storage):
     """A storage over preallocated tensors.
 
     Args:
@@ -75,6 +77,10 @@ class TensorStorage(RowReads, Storage):
     """
 
     _default_checkpointer = TensorStorageCheckpointer
+    #: the width in bytes of string entries (``None``: sized by the data; see :mod:`._nontensor`)
+    max_string_bytes: int | None = None
+    #: the publication of the first allocation of a ``shared_init`` storage (``None`` without shared_init)
+    shared_init_state = None
 
     def __init__(
         self,
@@ -106,7 +112,6 @@ class TensorStorage(RowReads, Storage):
         if storage is not None:
             codec = DataCodec.for_data(storage)
             backing = codec.encode(storage, batch_dims=self.ndim)
-            check_tensor_only(backing)
             if backing.batch_dims < self.ndim:
                 raise ValueError(
                     f"`storage` must have at least ndim={self.ndim} leading dims shared by all its leaves; "
@@ -129,22 +134,46 @@ class TensorStorage(RowReads, Storage):
     # -- backing ------------------------------------------------------------------------------------------------
     @property
     def initialized(self) -> bool:
+        if self._storage is None and self.shared_init_state is not None:
+            self._sync_shared_init()
         return self._storage is not None
 
-    def _adopt(self, backing: TensorDictBase, codec: DataCodec) -> None:
+    def _adopt(self, backing: TensorDictBase, codec: DataCodec, *, bump: bool = True) -> None:
         if self.device not in (None, "auto") and backing.device != self.device:
             backing = backing.to(self.device)
-        if self._share_on_init and backing.device.type == "cpu" and not backing.is_shared():
+        if self._share_on_init and backing.device.type == "cpu" and not (backing.is_shared() or backing.is_memmap()):
             backing.share_memory_()
-        if self._counters.is_shared and backing.device.type == "cpu":
+        if self._counters.is_shared and backing.device.type == "cpu" and self._versions is None:
             self._versions = RowVersions(backing.batch_size[0])
         self._storage = backing
-        self._codec = codec
         self._keys = list(backing.keys(include_nested=True, leaves_only=True))
         self._key_set = set(self._keys)
+        self._use_codec(codec)
         self._extra_shape = backing.batch_size[1 : self.ndim]
         self.max_size = backing.batch_size[: self.ndim].numel()
-        self._counters["revision"] += 1
+        if bump:
+            self._counters["revision"] += 1
+
+    def _publish_shared_init(self) -> None:
+        """After the first write (or load) of a ``shared_init`` storage, lets the other copies map its files."""
+        state = self.shared_init_state
+        if state is not None and self._storage is not None and not state.ready:
+            state.publish(self._storage, self._codec)
+
+    def _use_codec(self, codec: DataCodec) -> None:
+        """Installs ``codec``, with the string entries of the backing and the storage's string width."""
+        codec.strings = _nt.string_widths(self._storage) if self._storage is not None else {}
+        codec.fixed_width = self.max_string_bytes
+        self._codec = codec
+
+    def _sync_shared_init(self, wait: bool = False) -> None:
+        """Maps the files that another process allocated at the first write of a ``shared_init`` storage."""
+        state = self.shared_init_state
+        if wait and not state.ready:
+            state.wait(type(self).__name__)
+        if self._storage is None and state.ready:
+            backing, codec = state.open()
+            self._adopt(backing, codec, bump=False)
 
     def _allocate(self, item: TensorDictBase, rows: int) -> TensorDictBase:
         """Preallocates the backing for ``rows`` rows shaped like ``item`` (overridden by memmap storages)."""
@@ -157,8 +186,8 @@ class TensorStorage(RowReads, Storage):
 
     def _init(self, data, batched: bool) -> None:
         codec = DataCodec.for_data(data)
+        codec.fixed_width = self.max_string_bytes
         td = codec.encode(data, batch_dims=self.ndim if batched else self.ndim - 1)
-        check_tensor_only(td)
         item = td[0] if batched else td
         extra = item.batch_size[: self.ndim - 1]
         if item.batch_dims < self.ndim - 1:
@@ -180,12 +209,12 @@ class TensorStorage(RowReads, Storage):
 
     @property
     def shape(self) -> torch.Size:
-        if self._storage is None:
+        if self._storage is None and not self.initialized:
             return super().shape
         return self._storage.batch_size[: self.ndim]
 
     def _max_size_along_dim0(self, *, single_data=None, batched_data=None) -> int:
-        if self._storage is not None:
+        if self._storage is not None or self.initialized:
             return self._storage.batch_size[0]
         if self.ndim == 1:
             return self.max_size
@@ -217,7 +246,7 @@ class TensorStorage(RowReads, Storage):
         Args:
             key (NestedKey): the entry, a str or a tuple of str.
         """
-        if self._storage is None or self._codec.kind == "tensor":
+        if (self._storage is None and not self.initialized) or self._codec.kind == "tensor":
             return None
         return self._storage.get(key, None)
 
@@ -271,7 +300,9 @@ class TensorStorage(RowReads, Storage):
             checked = data if data.layout is self._keys else None  # re-checked if the layout changed since
             data = data.data
         single = is_int(cursor)
-        if self._storage is None:
+        if self._storage is None and self.shared_init_state is not None:
+            self._init_shared(data, single)
+        elif self._storage is None:
             if self._lock is not None and os.getpid() != self._creator_pid:
                 raise RuntimeError(
                     f"This {type(self).__name__} is shared between processes but holds no data yet, and its first "
@@ -334,43 +365,15 @@ class TensorStorage(RowReads, Storage):
         if set_cursor and last >= 0:
             counters["last_row"] = last
         counters["revision"] += 1
+        if self.shared_init_state is not None:
+            self._publish_shared_init()
 
-    def _encode_checked(self, data, batch: tuple[int, ...]) -> tuple[TensorDictBase, list | None]:
-        """Encodes ``data`` and checks its keys, shapes and values against the backing before anything is
-        written: a value the cast to the stored dtype would change (see :func:`._casts.check_cast`) is refused.
-        Returns the encoded data and the keys to copy: the stored keys, or ``None`` for a TensorDict write of
-        other keys (a subset, or new ones: :meth:`_grow` adds them at write time)."""
-        batch_dims = len(batch) + self.ndim - 1
-        try:
-            td = self._codec.encode(data, batch_dims=batch_dims)
-        except TypeError as err:
-            raise TypeError(f"Cannot write this data into the storage: {err}") from None
-        given = td.keys(include_nested=True, leaves_only=True)
-        keys = set(given)
-        if self._codec.kind in ("tensordict", "tensorclass"):
-            check_tensor_only(td)
-        expected = torch.Size([*batch, *self._extra_shape])
-        if self._codec.kind == "tensordict" and keys != self._key_set:  # only the entries written (see _keys)
-            shared = self._counters.is_shared
-            td, updated = _keys.partial_write(self._storage, self._keys, td, expected, shared, self.ndim)
-            return self._check_entries(td, batch, expected, updated), None
-        if keys != self._key_set:
-            missing = sorted(map(str, set(self._keys) - keys))
-            extra = sorted(map(str, keys - set(self._keys)))
-            raise ValueError(
-                f"The data written does not have the structure of the stored data: missing keys {missing}, "
-                f"unexpected keys {extra}. Write data with the keys of the first write, or empty() the buffer "
-                f"and use a new storage for data of another structure."
-            )
-        return self._check_entries(td, batch, expected, self._keys), self._keys
-
-    def _grow(self, td: TensorDictBase, lead: int) -> list:
-        """The keys a validated write of other keys copies, after adding the new entries it brings."""
-        keys, grown = _keys.add_entries(self._storage, self._keys, td, lead, self.ndim)
-        if grown:  # a new list: a write checked against the old layout is checked again
-            self._keys = list(self._storage.keys(include_nested=True, leaves_only=True))
-            self._key_set = set(self._keys)
-        return keys
+    def _init_shared(self, data, single: bool) -> None:
+        """The first write of a ``shared_init`` storage in this process (under the write lock): maps the files
+        another process allocated, or allocates and publishes them."""
+        self._sync_shared_init()
+        if self._storage is None:
+            self._init(data, batched=not single)
 
     def _check_entries(self, td: TensorDictBase, batch: tuple, expected_batch: torch.Size, keys: list):
         for key in keys:
@@ -390,7 +393,14 @@ class TensorStorage(RowReads, Storage):
 
     # -- reads --------------------------------------------------------------------------------------------------
     def get(self, index):
-        """Reads one item (int), a view (slice) or a batch (index tensor/list; per-dim tuple for ndim > 1)."""
+        """Reads one item (int), a view (slice) or a batch (index tensor/list; per-dim tuple for ndim > 1).
+
+        TensorDict items read back their string entries (see :mod:`._nontensor`): a ``NonTensorStack`` for a
+        batch, a ``NonTensorData`` for one item. A ``shared_init`` storage that no process has written yet
+        waits for the first write.
+        """
+        if self._storage is None and self.shared_init_state is not None:
+            self._sync_shared_init(wait=True)
         if self._storage is None:
             raise RuntimeError(
                 "Cannot read from an uninitialized storage: write data first (rb.extend / rb.add)."
@@ -418,7 +428,7 @@ class TensorStorage(RowReads, Storage):
         """A 1-D :class:`TensorStorage` over the filled cells, sharing memory with this storage."""
         if self.ndim == 1:
             return self
-        if self._storage is None:
+        if not self.initialized:
             raise RuntimeError("Cannot flatten an uninitialized storage: write data first.")
         rows = self._counters["rows"]
         view = self._storage[:rows].reshape(-1, *self._storage.batch_size[self.ndim :])
@@ -447,8 +457,9 @@ class TensorStorage(RowReads, Storage):
         :attr:`write_lock`, and the buffers using the storage share their writer's cursor too.
         """
         self._share_on_init = True
-        if self._storage is not None and self._storage.device.type == "cpu" and not self._storage.is_shared():
-            self._storage.share_memory_()
+        backing = self._storage
+        if backing is not None and backing.device.type == "cpu" and not (backing.is_shared() or backing.is_memmap()):
+            backing.share_memory_()
         self._make_shared()
         return self
 
@@ -471,63 +482,6 @@ class TensorStorage(RowReads, Storage):
             self._counters["rows"] = 0
             self._counters["last_row"] = -1
             self._counters["revision"] += 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "_storage": None if self._storage is None else self._storage.clone(),
-            "_codec": None if self._codec is None else self._codec.to_json(),
-            "_len": self._counters["rows"],
-            "_last_row": self._counters["last_row"],
-            "max_size": self.max_size,
-        }
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        backing = state_dict.get("_storage")
-        if backing is None:
-            self._empty()
-            return
-        if not isinstance(backing, TensorDictBase):
-            backing = TensorDict.from_dict(backing)
-        codec = DataCodec.from_json(state_dict["_codec"])
-        if self._storage is None:
-            rows = backing.batch_size[0]
-            self._adopt(self._allocate(backing[0], rows), codec)
-        _ckpt.check_same_layout(self._storage, backing)
-        with self.write_lock:
-            versions = self._versions
-            everything = slice(None)
-            if versions is not None:
-                versions.begin(everything)
-            self._storage.update_(backing)
-            if versions is not None:
-                versions.end()
-            self._codec = codec
-            self._counters["rows"] = int(state_dict["_len"])
-            self._counters["last_row"] = int(state_dict.get("_last_row", int(state_dict["_len"]) - 1))
-            self._counters["revision"] += 1
-
-    # -- checkpoint part (the protocol of torchrl.data.replay_buffers._persistence) ------------------------------
-    def checkpoint_part(self, ctx: PartContext) -> tuple[dict, dict]:
-        rows, last_row = self._counters["rows"], self._counters["last_row"]
-        return _ckpt.tensor_storage_part(self, self._storage, self._codec, rows, last_row, ctx)
-
-    def check_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
-        _ckpt.check_tensor_storage_part(self, self._storage, doc, tensors, ctx)
-
-    def load_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
-        if not doc.get("initialized"):
-            return self._empty()
-        codec = DataCodec.from_json(doc["codec"])
-        if self._storage is None:
-            self._adopt(self._backing_for_checkpoint(doc, tensors), codec)
-        _ckpt.copy_saved_rows(doc, tensors, self._storage)
-        self._codec = codec
-        self._counters["rows"], self._counters["last_row"] = doc["rows"], doc["last_row"]
-        self._counters["revision"] += 1
-
-    def _backing_for_checkpoint(self, doc: dict, tensors) -> TensorDictBase:
-        """The backing a checkpoint is loaded into, for a storage that holds no data yet."""
-        return self._allocate(_ckpt.item_template(doc), doc["batch_size"][0])
 
     def __getstate__(self):
         if is_spawning() and not self.is_shared:
@@ -559,9 +513,18 @@ class LazyTensorStorage(TensorStorage):
         ndim (int): how many leading dims index items. Defaults to ``1``.
         compilable (bool): accepted for TorchRL compatibility (see :class:`~torchrl.data.Storage`).
             Defaults to ``False``.
-        shared_init (bool): in TorchRL, lets the first write come from any process sharing the storage.
-            Only ``False`` is supported: ``True`` raises ``NotImplementedError`` (write a first batch in the
-            process that builds the buffer before starting the others). Defaults to ``False``.
+        shared_init (bool): let the first write come from any process that shares the storage (DataLoader
+            workers, ``multiprocessing`` children started before any write). The storage is shared from
+            construction; the first writer allocates memory-mapped files in a temporary directory that this
+            storage removes with it, and the other processes map them (a read waits for that first write).
+            Data then lives in those files on the host, whatever ``device``. Defaults to ``False``: a storage
+            shared before its first write must receive that write from the process that shared it.
+        consistent_reads (bool): see :class:`TensorStorage`. Defaults to ``True``.
+        max_string_bytes (int, optional): the width, in UTF-8 bytes, of each string entry
+            (``NonTensorData``/``NonTensorStack`` of str); longer strings are refused. ``None`` sizes each entry
+            at its first write (at least 256 bytes) and lets a private storage widen it for longer strings
+            later; a shared storage cannot widen it (see :mod:`~torchrl.data.replay_buffers.storages._nontensor`).
+            Defaults to ``None``.
 
     Examples:
         >>> import torch
@@ -570,6 +533,14 @@ class LazyTensorStorage(TensorStorage):
         >>> storage.set(torch.arange(3), {"obs": torch.randn(3, 4), "reward": torch.zeros(3)})
         >>> storage.get(torch.tensor([2, 0]))["obs"].shape
         torch.Size([2, 4])
+
+        String entries are kept too, one per item:
+
+        >>> from tensordict import NonTensorStack, TensorDict
+        >>> storage = LazyTensorStorage(100)
+        >>> storage.set(torch.arange(2), TensorDict(obs=torch.zeros(2), text=NonTensorStack("hi", "ho"), batch_size=[2]))
+        >>> storage.get(torch.tensor([1, 0]))["text"].tolist()
+        ['ho', 'hi']
     """
 
     def __init__(
@@ -581,9 +552,35 @@ class LazyTensorStorage(TensorStorage):
         compilable: bool = False,
         shared_init: bool = False,
         consistent_reads: bool = True,
+        max_string_bytes: int | None = None,
     ):
-        self.shared_init = check_shared_init(shared_init, type(self).__name__)
+        self.shared_init = check_bool("shared_init", shared_init)
+        if max_string_bytes is not None:
+            self.max_string_bytes = check_positive_int("max_string_bytes", max_string_bytes)
+        if self.shared_init and device not in ("cpu", "auto", None) and torch.device(device).type != "cpu":
+            warnings.warn(
+                f"{type(self).__name__}(shared_init=True) keeps its data in memory-mapped files on the host: "
+                f"`device`={device!r} is replaced by 'cpu'. Move sampled batches with `.to(device)`.",
+                stacklevel=2,
+            )
+            device = "cpu"
         super().__init__(
             None, max_size=max_size, device=device, ndim=ndim, compilable=compilable, consistent_reads=consistent_reads
         )
+        if self.shared_init:
+            self.shared_init_state = SharedInit(self._shared_init_dir())
+            self._make_shared()
+            self._versions = RowVersions(self.max_size)  # one set of row versions seen by every copy
+
+    def _shared_init_dir(self) -> str:
+        """The directory where the first writer of a ``shared_init`` storage allocates its files."""
+        path = make_scratch_dir()  # removed at exit, on SIGTERM and with this storage, by this process only
+        weakref.finalize(self, remove_owned_path, path)
+        return path
+
+    def _allocate(self, item: TensorDictBase, rows: int) -> TensorDictBase:
+        state = self.shared_init_state
+        if state is None:
+            return super()._allocate(item, rows)
+        return item.expand(rows, *item.batch_size).memmap_like(prefix=state.directory, existsok=True)
 
