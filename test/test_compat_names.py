@@ -604,3 +604,115 @@ def test_sequence_contract_with_a_prioritized_sampler_and_tensordict_batches():
     anchor, priority = unit.anchor_priorities(batch, batch["obs"].float())
     assert anchor.shape == priority.shape == torch.Size([4])
     sampler.update_priority(anchor, priority + 1, storage=storage)
+
+
+# -- every TorchRL torchrl.data name: provided here, or refused with an ImportError that says why ------------------
+# TorchRL 0.14's `torchrl.data.replay_buffers.__all__` (62 names) and its other `torchrl.data.__all__` names (53),
+# as listed in the compatibility reference.
+TORCHRL_RB_NAMES = """
+filter_trajectories iter_trajectories traj Trajectory TrajectoryPredicate HERReplayBuffer HindsightStrategy
+CompressedListStorage CompressedListStorageCheckpointer FlatStorageCheckpointer H5StorageCheckpointer
+ListStorageCheckpointer NestedStorageCheckpointer StorageCheckpointerBase StorageEnsembleCheckpointer
+TensorStorageCheckpointer RayReplayBuffer PrioritizedReplayBuffer RemoteTensorDictReplayBuffer
+ConditionalUpdateResult ReplayBuffer SampleUnit Sequence Transition ReplayBufferEnsemble
+TensorDictPrioritizedReplayBuffer TensorDictReplayBuffer ConsumingSampler PrioritizedSampler
+PrioritizedSliceSampler PromptGroupSampler RandomSampler Sampler SamplerEnsemble SamplerWithoutReplacement
+SliceSampler SliceSamplerWithoutReplacement StalenessAwareSampler LazyMemmapStorage LazyStackStorage
+LazyTensorStorage ListStorage Storage StorageEnsemble StoreStorage TensorStorage DEFAULT_DONE_KEYS
+find_start_stop_traj Flat2TED H5Combine H5Split Nested2TED TED2Flat TED2Nested ImmutableDatasetWriter
+OfflineToOnlineReplayBuffer prefill_replay_buffer RoundRobinWriter TensorDictMaxValueWriter
+TensorDictRoundRobinWriter Writer WriterEnsemble
+""".split()
+TORCHRL_DATA_ONLY_NAMES = """
+ActionTokenizerBase AdaptiveKLController Binary BinaryToDecimal Bounded BoundedContinuous Categorical Choice
+Composite ConstantKLController ContentBase DEVICE_TYPING DensifyReward HashToInt History MCTSForest
+MultiCategorical MultiOneHot MultiStep NonTensor OneHot PairwiseDataset PromptData PromptTensorDictTokenizer
+QueryModule RandomProjectionHash RewardData RobotDatasetMetadata RolloutFromModel SipHash Stacked
+StackedComposite TensorDictMap TensorDictTokenizer TensorMap TensorSpec TokenizedDatasetLoader
+TopKRewardSelector Tree Unbounded UnboundedContinuous UnboundedDiscrete UniformActionTokenizer
+VocabTailActionTokenizer VideoClipRef check_no_exclusive_keys clear_video_decoder_cache consolidate_spec
+contains_lazy_spec create_infinite_iterator get_dataloader set_video_decoder_cache_size validate_vla_tensordict
+""".split()
+
+
+def test_the_reference_lists_are_complete():
+    assert len(TORCHRL_RB_NAMES) == len(set(TORCHRL_RB_NAMES)) == 62
+    assert len(TORCHRL_DATA_ONLY_NAMES) == len(set(TORCHRL_DATA_ONLY_NAMES)) == 53
+
+
+def _import_from(module: str, name: str):
+    namespace: dict = {}
+    exec(f"from {module} import {name}", namespace)
+    return namespace[name]
+
+
+@pytest.mark.parametrize(
+    "module, name",
+    [("torchrl.data", n) for n in TORCHRL_RB_NAMES + TORCHRL_DATA_ONLY_NAMES]
+    + [("torchrl.data.replay_buffers", n) for n in TORCHRL_RB_NAMES],
+)
+def test_every_torchrl_name_is_provided_or_refused_with_a_reason(module, name):
+    from torchrl.data.replay_buffers._torchrl_names import NotProvidedError
+
+    try:
+        value = _import_from(module, name)
+    except NotProvidedError as err:
+        assert isinstance(err, ImportError)
+        message = str(err)
+        assert repr(name) in message and module in message
+        assert "not part of this package" in message or "does not implement" in message
+        assert "TorchRL" in message
+        mod = importlib.import_module(module)
+        assert name not in mod.__all__ and name not in dir(mod)  # star-imports and completion never meet it
+        with pytest.raises(NotProvidedError):  # attribute access says the same
+            getattr(mod, name)
+    else:
+        assert value is not None
+        if name != "Sampler" or module != "torchrl.data":  # TorchRL omits Sampler from torchrl.data's __all__
+            assert name in importlib.import_module(module).__all__
+
+
+@pytest.mark.parametrize("name", ["Bounded", "TensorSpec", "History", "MCTSForest", "VideoClipRef"])
+def test_out_of_scope_names_name_their_torchrl_area(name):
+    from torchrl.data.replay_buffers._torchrl_names import NotProvidedError
+
+    with pytest.raises(NotProvidedError, match=rf"'{name}' belongs to TorchRL's .*not part of this package"):
+        _import_from("torchrl.data", name)
+    try:  # the usual optional-feature pattern works
+        _import_from("torchrl.data", name)
+        found = True
+    except ImportError:
+        found = False
+    assert not found
+
+
+def test_storestorage_is_refused_from_the_storages_subpackage_too():
+    from torchrl.data.replay_buffers._torchrl_names import NotProvidedError
+
+    with pytest.raises(NotProvidedError, match="'StoreStorage' is a TorchRL replay-buffer name"):
+        _import_from("torchrl.data.replay_buffers.storages", "StoreStorage")
+
+
+def test_other_missing_names_keep_python_s_errors_and_hasattr():
+    import torchrl.data
+
+    assert not hasattr(torchrl.data, "NoSuchName")
+    assert getattr(torchrl.data, "NoSuchName", None) is None
+    with pytest.raises(ImportError, match="cannot import name 'NoSuchName'"):
+        _import_from("torchrl.data", "NoSuchName")
+    with pytest.raises(AttributeError, match="NoSuchName"):
+        torchrl.data.NoSuchName  # noqa: B018
+    assert hasattr(torchrl.data, "ReplayBuffer") and hasattr(torchrl.data, "LazyStackStorage")
+    namespace: dict = {}
+    exec("from torchrl.data import *", namespace)  # star-imports skip the refused names
+    assert "ReplayBuffer" in namespace and "Bounded" not in namespace
+
+
+def test_a_refused_name_cannot_shadow_what_is_provided():
+    import torchrl.data
+    from torchrl.data.replay_buffers._torchrl_names import NOT_PROVIDED, not_provided_getattr
+
+    provided = set(torchrl.data.__all__) & set(NOT_PROVIDED)
+    assert all(getattr(torchrl.data, name) is not None for name in provided)  # module attributes win
+    with pytest.raises(ValueError, match="not listed"):
+        not_provided_getattr("m", ["ReplayBuffer"])

@@ -109,6 +109,20 @@ class Writer(Component, abc.ABC):
     @abc.abstractmethod
     def extend(self, data) -> torch.Tensor: ...
 
+    def add_free_first(self, data, free_slots) -> Any:
+        """:meth:`add` for a buffer whose sampler consumes items: a writer that can fill the consumed slots
+        returned by ``free_slots(k)`` first overrides it (:class:`~torchrl.data.RoundRobinWriter`); this
+        default writes as :meth:`add` does."""
+        return self.add(data)
+
+    def extend_free_first(self, data, free_slots) -> torch.Tensor:
+        """:meth:`extend` for a buffer whose sampler consumes items (see :meth:`add_free_first`)."""
+        return self.extend(data)
+
+    #: Whether :meth:`add_free_first`/:meth:`extend_free_first` fill consumed slots first (``False``: they
+    #: write as :meth:`add`/:meth:`extend` do).
+    fills_free_slots: bool = False
+
     def _empty(self, empty_write_count: bool = True) -> None:
         return None
 

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from torchrl._validation import check_bool
+from torchrl._validation import check_bool, is_int
 from torchrl.data.replay_buffers.writers.base import Writer, _rows_of, batch_len, take_last
 
 
@@ -39,6 +39,8 @@ class RoundRobinWriter(Writer):
         >>> writer.cursor, writer.write_count
         (2, 6)
     """
+
+    fills_free_slots = True
 
     def __init__(self, compilable: bool = False, *, track_generations: bool = False) -> None:
         self._compilable = False if compilable is None else check_bool("compilable", compilable)
@@ -139,6 +141,77 @@ class RoundRobinWriter(Writer):
         self._counters["write_count"] += n
         storage.mark_update(self._replicate_index(written))
         return self._replicate_index(index)
+
+    # -- writes into given slots (consuming buffers) ---------------------------------------------------------------
+    def write_at(self, index, data):
+        """Writes ``data`` into slots that already hold data, without moving the cursor.
+
+        ``index`` is an int (one item) or a 1-D index (a batch); every slot must be below
+        ``storage.rows_written()`` (``IndexError`` otherwise, nothing written). Generations, the write count and
+        the buffers attached to the storage are updated as for any write. Returns ``index`` (cell coordinates
+        for ``ndim > 1`` storages, as :meth:`extend`).
+        """
+        storage = self._require_storage()
+        with storage.write_lock:
+            return self._write_at(storage, index, data)
+
+    def _write_at(self, storage, index, data):
+        single = is_int(index)
+        slots = torch.as_tensor(index, dtype=torch.long).reshape(-1)
+        filled = storage.rows_written()
+        if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= filled):
+            raise IndexError(
+                f"write_at() writes into slots that already hold data (0 to {filled - 1}); got {index!r}. Use "
+                f"add() or extend() to write new slots."
+            )
+        target = int(index) if single else slots
+        storage.set(target, self._prepare(data, target), set_cursor=False)
+        self._bump_generations(storage, storage._max_size_along_dim0(), target)
+        self._counters["write_count"] += slots.numel()
+        index = self._replicate_index(target)
+        storage.mark_update(index)
+        return index
+
+    def add_free_first(self, data, free_slots):
+        """:meth:`add` into the oldest free slot if there is one (see :meth:`extend_free_first`)."""
+        storage = self._require_storage()
+        with storage.write_lock:
+            free = free_slots(1)
+            if not free.numel():
+                return self._add(storage, data)
+            return self._write_at(storage, int(free[0]), data)
+
+    def extend_free_first(self, data, free_slots) -> torch.Tensor:
+        """:meth:`extend` that fills free slots before it writes at the cursor (consuming buffers).
+
+        ``free_slots(k)`` returns up to ``k`` slots holding items that may be replaced, oldest first
+        (:meth:`~torchrl.data.ConsumingSampler.free_slots`). The first items of the batch go there; the rest go
+        at the cursor, which skips the slots this call filled. A batch of at least the storage's rows is
+        written at the cursor (it replaces everything). Returns the index of each item, in batch order.
+        """
+        storage = self._require_storage()
+        n = batch_len(data)
+        if n == 0:
+            return torch.zeros((0,), dtype=torch.long)
+        with storage.write_lock:
+            rows = storage._max_size_along_dim0(batched_data=data)
+            free = free_slots(n) if n < rows else ()
+            k = len(free)
+            if k == 0:
+                return self._extend(storage, data, n)
+            if k == n:
+                return self._write_at(storage, free, data)
+            cursor = self._counters["cursor"] % rows
+            ahead = (torch.arange(n) + cursor) % rows
+            ahead = ahead[~torch.isin(ahead, free)][: n - k]
+            index = torch.cat([free, ahead])
+            storage.set(index, self._prepare(data, index))
+            self._bump_generations(storage, rows, index)
+            self._counters["cursor"] = (int(ahead[-1]) + 1) % rows
+            self._counters["write_count"] += n
+            index = self._replicate_index(index)
+            storage.mark_update(index)
+            return index
 
     def _empty(self, empty_write_count: bool = True) -> None:
         self._counters["cursor"] = 0
