@@ -360,12 +360,14 @@ def test_main_process_iteration_keeps_the_buffer_stream():
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
-def test_stateful_sampler_is_refused_with_workers(start_method):
+def test_stateful_sampler_is_refused_with_workers_when_not_shared(start_method):
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100), sampler=SamplerWithoutReplacement(), batch_size=4)
     rb.extend(make_data(20))
-    loader = DataLoader(rb.as_dataset(num_batches=2), batch_size=None, collate_fn=tensordict_collate,
-                        **loader_kwargs(1, start_method))
-    assert_loader_raises(loader, RuntimeError, r"SamplerWithoutReplacement.*num_workers=0.*stateless sampler")
+    loader = DataLoader(rb.as_dataset(num_batches=2, share_sampler=False), batch_size=None,
+                        collate_fn=tensordict_collate, **loader_kwargs(1, start_method))
+    assert_loader_raises(
+        loader, RuntimeError, r"SamplerWithoutReplacement.*share_sampler=False.*num_workers=0.*stateless sampler"
+    )
     # num_workers=0 always works, and keeps the epoch semantics of the sampler
     assert len(list(DataLoader(rb.as_dataset(num_batches=5), batch_size=None,
                                 collate_fn=tensordict_collate))) == 5
@@ -380,7 +382,8 @@ def test_unknown_sampler_is_assumed_stateful():
     rb.extend(torch.arange(5))
     loader = DataLoader(rb.as_dataset(num_batches=1), batch_size=None, collate_fn=tensordict_collate,
                         **loader_kwargs(1, "fork"))
-    assert_loader_raises(loader, RuntimeError, "MySampler")
+    # it cannot share its state either (can_share_state defaults to False): the error names those that can
+    assert_loader_raises(loader, RuntimeError, "MySampler.*samplers that can are PrioritizedSampler")
 
 
 def test_stateful_storage_is_refused_with_workers():
@@ -512,6 +515,8 @@ def test_stateful_component_names_the_sampler_or_the_storage():
         requires_shared_state = True
 
     assert ReplayBuffer(storage=StreamStorage(4)).stateful_component()[0] == "storage"
+    sampler.share_memory_()  # one copy of the state for every process: nothing left to refuse
+    assert ReplayBuffer(sampler=sampler).stateful_component() is None
 
 
 class Items(ReplayBufferDataset):
@@ -536,8 +541,8 @@ def test_a_dataset_subclass_on_draw_items_and_refuse_stateful(num_workers):
     batches = list(DataLoader(ds, batch_size=4, collate_fn=tensordict_collate, **loader_kwargs(num_workers, "fork")))
     assert [b.batch_size for b in batches] == [torch.Size([4])] * 4
     assert all((b["obs"][:, 0] == b["idx"].float()).all() for b in batches)
-    if num_workers == 0:  # one copy of the stateful sampler: one epoch covers every item once
-        assert sorted(torch.cat([b["idx"] for b in batches]).tolist()) == list(range(16))
+    # one copy of the stateful sampler (shared with the workers): one epoch covers every item once
+    assert sorted(torch.cat([b["idx"] for b in batches]).tolist()) == list(range(16))
 
 
 def test_replay_buffer_dataset_reads_any_object_with_the_buffer_hooks():

@@ -532,13 +532,13 @@ def test_prefetch_samples_and_follows_priority_updates(kind):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 @pytest.mark.parametrize("kind", ["prioritized", "td_prioritized"])
-def test_dataset_of_a_prioritized_buffer_refuses_workers(kind, start_method):
+def test_dataset_of_a_prioritized_buffer_refuses_workers_when_not_shared(kind, start_method):
     rb = _make_buffer(kind, batch_size=4, generator=torch.Generator().manual_seed(0))
     rb.extend(_items(kind, 0, 8))
-    loader = DataLoader(rb.as_dataset(num_batches=2), batch_size=None, num_workers=1,
+    loader = DataLoader(rb.as_dataset(num_batches=2, share_sampler=False), batch_size=None, num_workers=1,
                         multiprocessing_context=start_method, collate_fn=tensordict_collate, timeout=30)
     batches = None  # spawn refuses when starting the worker (iter), fork in the worker (first next)
-    with pytest.raises(RuntimeError, match=r"PrioritizedSampler requires shared state.*num_workers=0") as err:
+    with pytest.raises(RuntimeError, match=r"PrioritizedSampler requires shared state.*share_sampler=False") as err:
         batches = iter(loader)
         next(batches)
     # the error's traceback holds the iterator in a reference cycle: break it so that the worker is shut down

@@ -183,10 +183,25 @@ def test_string_entries_are_unwrapped_to_python_values():
 
 
 @pytest.mark.parametrize("storage", ["lazy", "memmap"])
-def test_string_entries_are_refused_by_tensor_storages(storage):
-    # tensor storages keep tensors only: a string entry is refused at write time, pointing to ListStorage
-    with pytest.raises(TypeError, match="ListStorage"):
-        make_buffer(storage, prompt=True)
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_string_entries_of_tensor_storages_come_out_as_python_strings(storage, batch_size):
+    # tensor storages keep string entries as UTF-8 bytes (NOTE [strings in tensor storages]); the dataset
+    # yields them as the Python strings that were written, each with the tensors of its own item
+    rb = make_buffer(storage, prompt=True)
+    items = list(TorchRLBufferDataset(rb, batch_size, num_batches=2))
+    assert len(items) == 2 * batch_size
+    for item in items:
+        assert type(item["prompt"]) is str
+        assert item["prompt"] == f"p{item_id(item)}"
+
+
+@pytest.mark.parametrize("storage", ["lazy", "memmap"])
+def test_missing_strings_of_tensor_storages_come_out_as_none(storage):
+    rb = ReplayBuffer(storage=make_storage(storage, 8), batch_size=4)
+    rb.extend(TensorDict(input_ids=torch.arange(4)[:, None], prompt=["a", None, "é", None], batch_size=[4]))
+    items = list(TorchRLBufferDataset(rb, 4, keys=["input_ids", "prompt"], num_batches=3))
+    expected = {0: "a", 1: None, 2: "é", 3: None}
+    assert all(item["prompt"] == expected[int(item["input_ids"])] for item in items)
 
 
 def test_variable_length_items_are_yielded_each_with_its_own_length():
@@ -250,11 +265,17 @@ def test_repr_shows_the_configuration():
 
 
 # -- stateful samplers and DataLoader workers ---------------------------------------------------------------------
-def test_a_stateful_sampler_warns_at_construction():
-    rb = make_buffer(sampler=SamplerWithoutReplacement())
+class PrivateStateSampler(RandomSampler):
+    """A stateful sampler that cannot share its state with DataLoader workers (``can_share_state=False``)."""
+
+    requires_shared_state = True
+
+
+def test_a_stateful_sampler_that_cannot_share_warns_at_construction():
+    rb = make_buffer(sampler=PrivateStateSampler())
     with pytest.warns(FutureWarning, match="v0.17") as record:
         TorchRLBufferDataset(rb, 4)
-    assert "SamplerWithoutReplacement" in str(record[0].message)
+    assert "PrivateStateSampler" in str(record[0].message)
     assert record[0].filename == __file__  # attributed to the caller, not to the library
 
 
@@ -268,15 +289,17 @@ def test_a_stateless_sampler_does_not_warn():
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-def test_a_stateful_sampler_is_not_refused_with_one_fork_worker():
+def test_a_shareable_stateful_sampler_is_shared_with_the_workers_without_a_warning():
     rb = make_buffer("lazy", n=16, sampler=SamplerWithoutReplacement())
-    with pytest.warns(FutureWarning, match="v0.17"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
         dataset = TorchRLBufferDataset(rb, 4, num_batches=4)
-    loader = DataLoader(dataset, batch_size=4, num_workers=1, multiprocessing_context="fork", timeout=TIMEOUT)
+    assert rb.sampler.is_shared
+    loader = DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context="fork", timeout=TIMEOUT)
     batches = list(loader)
     assert len(batches) == 4
     ids = torch.cat([batch["meta.id"] for batch in batches])
-    # one worker holds the only copy of the sampler: one epoch without replacement covers every item once
+    # the workers share one epoch without replacement: it covers every item once
     assert sorted(ids.tolist()) == list(range(16))
 
 
@@ -285,7 +308,7 @@ def test_a_stateful_sampler_is_not_refused_with_one_fork_worker():
 @pytest.mark.parametrize("storage", ["list", "lazy"])
 @pytest.mark.parametrize("num_batches", [2, 3, 4])
 def test_workers_split_the_sampling_calls(storage, num_batches):
-    dataset = TorchRLBufferDataset(make_buffer(storage, prompt=storage == "list"), 4, num_batches=num_batches)
+    dataset = TorchRLBufferDataset(make_buffer(storage, prompt=True), 4, num_batches=num_batches)
     loader = DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context="fork", timeout=TIMEOUT)
     batches = list(loader)
     assert len(batches) == num_batches  # num_batches is a total over the workers, not per worker
@@ -293,8 +316,8 @@ def test_workers_split_the_sampling_calls(storage, num_batches):
         assert batch["input_ids"].shape == torch.Size([4, SEQ])
         assert batch["attention_mask"].shape == torch.Size([4, SEQ])
         assert torch.equal(batch["input_ids"][:, 0], batch["meta.id"])
-        if storage == "list":
-            assert batch["prompt"] == [f"p{i}" for i in batch["meta.id"].tolist()]
+        # strings of a lazy storage live in its shared memory, read by the workers like its tensors
+        assert batch["prompt"] == [f"p{i}" for i in batch["meta.id"].tolist()]
 
 
 @pytest.mark.multiprocess

@@ -16,6 +16,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 
 from torchrl.data import ReplayBufferDataset
 from torchrl.data.replay_buffers.replay_buffers import ReplayBuffer
+from torchrl.data.replay_buffers.replay_buffers.dataset import SHAREABLE_SAMPLERS
 
 __all__ = ["TorchRLBufferDataset"]
 
@@ -59,9 +60,15 @@ class TorchRLBufferDataset(ReplayBufferDataset):
 
     It is built on the public hooks of :class:`~torchrl.data.ReplayBufferDataset`: :meth:`draw` samples
     ``batch_size`` items, :meth:`items` splits them into dicts, and ``refuse_stateful = False``. Under DataLoader
-    workers it behaves like its base (the buffer's worker copy is readied and reseeded per worker, and the
-    ``num_batches`` sampling calls are split across workers), except that a buffer whose sampler requires
-    shared state is not refused yet: it emits a ``FutureWarning`` (refused with workers from v0.17).
+    workers it behaves like its base: the buffer's worker copy is readied and reseeded per worker, the
+    ``num_batches`` sampling calls are split across workers, and a stateful sampler that can share its state
+    (``can_share_state``: prioritized samplers, samplers without replacement) is moved to shared memory when the
+    dataset is built, so that every worker samples from and updates one copy. Only a buffer whose sampler (or
+    storage) requires shared state but cannot share it differs: it is not refused yet, building the dataset
+    emits a ``FutureWarning`` (refused with workers from v0.17), and each worker then samples from its own copy.
+
+    Strings are yielded as Python strings whatever the storage: a :class:`~torchrl.data.ListStorage` keeps
+    them as written, the tensor storages as UTF-8 bytes that every worker reads from the shared storage.
 
     Args:
         replay_buffer (ReplayBuffer): the buffer to sample; its data must be TensorDicts.
@@ -108,10 +115,11 @@ class TorchRLBufferDataset(ReplayBufferDataset):
         if stateful is not None:
             name, component = stateful
             warnings.warn(
-                f"The buffer's {name} {type(component).__name__} requires shared state: with DataLoader "
-                f"workers each worker would hold its own copy of it. TorchRLBufferDataset will refuse such a "
-                f"buffer with workers from v0.17 (as ReplayBufferDataset does); use num_workers=0 or a "
-                f"stateless sampler (RandomSampler, SliceSampler).",
+                f"The buffer's {name} {type(component).__name__} requires shared state and cannot put it in "
+                f"shared memory: with DataLoader workers each worker would hold its own copy of it. "
+                f"TorchRLBufferDataset will refuse such a buffer with workers from v0.17 (as ReplayBufferDataset "
+                f"does); use num_workers=0, a stateless sampler (RandomSampler, SliceSampler) or one that shares "
+                f"its state with the workers ({SHAREABLE_SAMPLERS}).",
                 FutureWarning,
                 stacklevel=2,
             )

@@ -1,5 +1,6 @@
-"""Priority values: :func:`check_priorities` (finite and ``>= 0``), :func:`reduce_priority` (one per item)
-and the argument checks of the prioritized samplers.
+"""Priority values: :func:`check_priorities` (finite and ``>= 0``), :func:`reduce_priority` (one per item),
+the argument checks of the prioritized samplers, how they ravel per-dimension indices and how they keep their
+scalars in one (shareable) array.
 
 Kept apart from :mod:`.prioritized` (the sampler and its trees), which re-exports the public helpers.
 """
@@ -132,3 +133,39 @@ def _check_dtype(dtype) -> torch.dtype:
     if not dtype.is_floating_point:
         raise ValueError(f"`dtype` must be a floating-point torch.dtype (e.g. torch.float), got {dtype}.")
     return dtype
+
+
+def _ravel_coords(coords: list[np.ndarray], shape: tuple[int, ...] | None) -> np.ndarray:
+    """Flat positions of per-dimension coordinates of a storage of ``shape`` (``-1`` entries stay ``-1``)."""
+    if shape is None or len(shape) != len(coords):
+        raise ValueError(
+            f"A per-dimension index with {len(coords)} dims needs the shape of an ndim={len(coords)} "
+            f"storage: pass `storage=` (the sampler knows {shape})."
+        )
+    if len({c.size for c in coords}) > 1:
+        raise ValueError(f"The per-dimension index tensors differ in length: {[c.size for c in coords]}.")
+    skipped = np.zeros(coords[0].size, dtype=bool)
+    flat = np.zeros(coords[0].size, dtype=np.int64)
+    for c, size in zip(coords, shape):
+        skipped |= c == -1
+        if c.size and ((c < -1).any() or (c >= size).any()):
+            raise IndexError(
+                f"`index` entries {c[(c < -1) | (c >= size)][:3].tolist()} are out of range for a "
+                f"storage of shape {list(shape)}: pass coordinates in [0, size) per dim (or -1 to skip "
+                f"an entry)."
+            )
+        flat = flat * size + c
+    flat[skipped] = -1
+    return flat
+
+
+def _scalar_property(slot: int, doc: str, cast=float) -> property:
+    """A property stored at ``slot`` of the owner's ``_scalar_array`` (a float64 array, shareable)."""
+
+    def get(self):
+        return cast(self._scalar_array[slot])
+
+    def set(self, value) -> None:
+        self._scalar_array[slot] = value
+
+    return property(get, set, doc=doc)

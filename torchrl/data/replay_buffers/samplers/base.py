@@ -10,7 +10,13 @@ batch. The buffer tells the sampler about writes (``extend``/``add``/``mark_upda
 ``requires_shared_state`` says whether a copy of the sampler in another process (a DataLoader worker) would
 change what is sampled: True for samplers holding an epoch permutation or priorities, False for samplers
 whose draws depend only on the storage content and their configuration. It defaults to True, so a sampler
-that does not declare it is treated as stateful.
+that does not declare it is treated as stateful. A stateful sampler that can put that state in shared memory
+declares ``can_share_state = True`` and implements ``share_memory_()``/``is_shared``: once shared, the main
+process and every DataLoader worker read and write one copy (``rb.as_dataset()`` shares it).
+
+Samplers that run out (epochs without replacement) can be pinned to the epoch in progress
+(``pin_epoch``/``unpin_epoch``): a DataLoader iteration then ends at that epoch's end in every worker (their
+``sample`` raises :class:`~torchrl.data.EpochEnded`). See :mod:`._shared_epoch`.
 
 Every sampler constructor also takes a ``replacement`` keyword (see :class:`Sampler`), resolved by the
 metaclass :class:`_SamplerMeta` with the table :data:`_REPLACEMENT_DISPATCH` before ``__init__`` runs.
@@ -132,6 +138,14 @@ def _check_forwarded(cls: type, target: type, args: tuple, kwargs: dict) -> None
         ) from None
 
 
+class EpochEnded(Exception):
+    """Raised by ``sample()`` of a sampler pinned to an epoch (:meth:`Sampler.pin_epoch`) once that epoch ended.
+
+    Nothing was drawn. :class:`~torchrl.data.ReplayBufferDataset` catches it to end a DataLoader epoch at the
+    sampler's epoch boundary in every worker.
+    """
+
+
 class Sampler(Component, metaclass=_SamplerMeta):
     """Base class of replay-buffer samplers (see the module docstring for the contract).
 
@@ -156,6 +170,14 @@ class Sampler(Component, metaclass=_SamplerMeta):
     """
 
     requires_shared_state: bool = True
+    #: Whether :meth:`share_memory_` can put the state that requires sharing in shared memory (``False``
+    #: for samplers that do not declare it). A subclass that adds state of its own must share it too or set
+    #: this back to ``False``.
+    can_share_state: bool = False
+    #: Whether draws consume items (:class:`~torchrl.data.ConsumingSampler`): ``len(rb)`` is then
+    #: :meth:`num_sampleable`, writers fill the slots returned by ``free_slots(k)`` first, and iterating an
+    #: exhausted buffer yields nothing.
+    consumes_items: bool = False
     checkpoint_role = "sampler"
     _rng: torch.Generator | None = None
     _remaining_batches: int = _INT64_MAX
@@ -200,6 +222,46 @@ class Sampler(Component, metaclass=_SamplerMeta):
     @ran_out.setter
     def ran_out(self, value: bool) -> None:
         self._ran_out = bool(value)
+
+    # -- sharing with DataLoader workers ---------------------------------------------------------------------
+    @property
+    def is_shared(self) -> bool:
+        """Whether the sampler's state lives in shared memory (``False`` for samplers without state)."""
+        return False
+
+    def share_memory_(self) -> Sampler:
+        """Moves the sampler's state to shared memory, so that processes receiving it afterwards (DataLoader
+        workers) share one copy with this one. A no-op for a sampler without state
+        (``requires_shared_state=False``).
+
+        Raises:
+            RuntimeError: the sampler is stateful and cannot share its state (``can_share_state=False``).
+        """
+        if not self.requires_shared_state:
+            return self
+        raise RuntimeError(
+            f"{type(self).__name__} requires shared state (requires_shared_state=True) but cannot put it in shared "
+            f"memory (can_share_state=False). Samplers that can: PrioritizedSampler, PrioritizedSliceSampler, "
+            f"SamplerWithoutReplacement, SliceSamplerWithoutReplacement, ConsumingSampler, StalenessAwareSampler, "
+            f"PromptGroupSampler and SamplerEnsembles of them."
+        )
+
+    def pin_epoch(self, key: int | None = None, readers: int = 1) -> None:
+        """Pins this process's draws to the epoch in progress: once it ends, :meth:`sample` raises
+        :class:`~torchrl.data.EpochEnded` instead of drawing from the next epoch, until :meth:`unpin_epoch`.
+
+        A no-op for samplers without epochs (they never run out). Readers of one DataLoader iteration pass the
+        same ``key`` and their number as ``readers``: a reader that starts after the others finished that
+        epoch still pins it (and draws nothing) rather than the next one.
+
+        Args:
+            key (int, optional): what the readers of one iteration share. Defaults to ``None`` (this process
+                only).
+            readers (int): how many readers share ``key``. Defaults to ``1``.
+        """
+
+    def unpin_epoch(self) -> None:
+        """Ends :meth:`pin_epoch`: draws run on across epochs again."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}

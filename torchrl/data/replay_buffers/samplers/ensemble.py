@@ -25,6 +25,23 @@ from torchrl.data.replay_buffers._members import check_members, member_at
 from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size
 from torchrl.data.replay_buffers.storages.ensemble import StorageEnsemble, _flat_member_index
 
+_SAMPLEABLE = "sampleable"
+
+
+def _sampleable_weights(samplers, storage: StorageEnsemble) -> torch.Tensor:
+    """``p="sampleable"``: per member, the items its sampler can draw now (float64, not normalized)."""
+    counts = []
+    for i, sampler in enumerate(samplers):
+        member = storage[i]
+        count = getattr(sampler, "num_sampleable", None)
+        counts.append(int(count(member)) if callable(count) else len(member))
+    if not any(counts):
+        raise RuntimeError(
+            f'SamplerEnsemble(p="sampleable") found nothing to draw: its members can draw {counts} items. '
+            f"Write data into a member buffer first."
+        )
+    return torch.tensor(counts, dtype=torch.float64)
+
 
 def _check_p(p, n: int) -> torch.Tensor:
     """``p`` -> a float64 probability vector summing to 1."""
@@ -33,7 +50,9 @@ def _check_p(p, n: int) -> torch.Tensor:
     except (TypeError, ValueError, RuntimeError):
         t = None
     if t is None or t.ndim != 1:
-        raise TypeError(f"`p` must be a 1-D sequence of {n} probabilities (one per member), got {p!r}.")
+        raise TypeError(
+            f'`p` must be a 1-D sequence of {n} probabilities (one per member) or "sampleable", got {p!r}.'
+        )
     if t.numel() != n:
         raise ValueError(f"`p` must have one probability per member ({n}), got {t.numel()}: {p!r}.")
     if not torch.isfinite(t).all() or (t < 0).any() or t.sum() <= 0:
@@ -67,7 +86,11 @@ class SamplerEnsemble(Sampler):
         *samplers (Sampler): the member samplers; member ``i`` samples buffer ``i``.
 
     Keyword Args:
-        p (sequence of float, optional): the probability of choosing each buffer for a sub-batch; normalized.
+        p (sequence of float or "sampleable", optional): the probability of choosing each buffer for a
+            sub-batch; normalized. ``"sampleable"`` weighs each buffer, at every batch, by the number of items
+            its sampler can draw now (``num_sampleable(storage)`` when the sampler has it, as
+            :class:`~torchrl.data.ConsumingSampler` does, else the length of its storage): every drawable item
+            is equally likely to be in a sub-batch, and empty or exhausted buffers are skipped.
             Defaults to ``None`` (uniform).
         sample_from_all (bool): draw one sub-batch from every buffer instead of choosing. Cannot be combined
             with ``p``. Defaults to ``False``.
@@ -75,7 +98,8 @@ class SamplerEnsemble(Sampler):
             multiple of it. Defaults to the number of samplers.
 
     ``requires_shared_state`` is True when any member's is (the ensemble is as stateful as its most stateful
-    member). ``state_dict()`` holds the members' states, keyed by ``str(i)``.
+    member), and ``can_share_state`` when every stateful member can share its state: :meth:`share_memory_`
+    then shares them all. ``state_dict()`` holds the members' states, keyed by ``str(i)``.
 
     Examples:
         >>> import torch
@@ -87,6 +111,9 @@ class SamplerEnsemble(Sampler):
         >>> index, info = sampler.sample(StorageEnsemble(s0, s1), 6)
         >>> index["buffer_ids"], index["index"].shape
         (tensor([0, 1]), torch.Size([2, 3]))
+        >>> weighted = SamplerEnsemble(RandomSampler(), RandomSampler(), p="sampleable")  # by items held
+        >>> weighted.sample(StorageEnsemble(s0, LazyTensorStorage(10)), 4)[1]["buffer_ids"]  # s1 is empty here
+        tensor([0, 0])
     """
 
     def __init__(
@@ -104,7 +131,8 @@ class SamplerEnsemble(Sampler):
                 "`p` and sample_from_all=True are exclusive: sample_from_all draws from every buffer, p "
                 "chooses among them. Pass one of them."
             )
-        self._p = None if p is None else _check_p(p, n)
+        self._p_sampleable = isinstance(p, str) and p == _SAMPLEABLE
+        self._p = None if p is None or self._p_sampleable else _check_p(p, n)
         self._sample_from_all = sample_from_all
         self._num_buffer_sampled = _check_num_buffer_sampled(num_buffer_sampled, n, sample_from_all)
         self._generator: torch.Generator | None = None
@@ -117,8 +145,11 @@ class SamplerEnsemble(Sampler):
         return list(self._samplers)
 
     @property
-    def p(self) -> torch.Tensor | None:
-        """The normalized buffer probabilities (``None`` for uniform or sample_from_all)."""
+    def p(self) -> torch.Tensor | str | None:
+        """The normalized buffer probabilities (``None`` for uniform or sample_from_all, ``"sampleable"``
+        for weights by drawable items)."""
+        if getattr(self, "_p_sampleable", False):
+            return _SAMPLEABLE
         return None if self._p is None else self._p.clone()
 
     @property
@@ -132,6 +163,42 @@ class SamplerEnsemble(Sampler):
     @property
     def requires_shared_state(self) -> bool:
         return any(s.requires_shared_state for s in self._samplers)
+
+    @property
+    def can_share_state(self) -> bool:
+        """True when every member that requires shared state can share it (see :meth:`share_memory_`)."""
+        return all(s.can_share_state for s in self._samplers if s.requires_shared_state)
+
+    @property
+    def is_shared(self) -> bool:
+        """True when the state of every stateful member lives in shared memory (and one member has state)."""
+        stateful = [s for s in self._samplers if s.requires_shared_state]
+        return bool(stateful) and all(s.is_shared for s in stateful)
+
+    def share_memory_(self) -> SamplerEnsemble:
+        """Shares the state of every stateful member (see e.g. :meth:`PrioritizedSampler.share_memory_
+        <torchrl.data.PrioritizedSampler.share_memory_>`); the choice of members draws from the generator of
+        each process and holds no state.
+
+        Raises:
+            RuntimeError: a stateful member cannot share its state (nothing is shared then).
+        """
+        stateful = [s for s in self._samplers if s.requires_shared_state]
+        for sampler in stateful:
+            if not sampler.can_share_state:
+                sampler.share_memory_()  # raises, naming the member and the samplers that can share
+        for sampler in stateful:
+            sampler.share_memory_()
+        return self
+
+    def pin_epoch(self, key: int | None = None, readers: int = 1) -> None:
+        """Pins every member to its epoch in progress (see :meth:`Sampler.pin_epoch`)."""
+        for sampler in self._samplers:
+            sampler.pin_epoch(key, readers)
+
+    def unpin_epoch(self) -> None:
+        for sampler in self._samplers:
+            sampler.unpin_epoch()
 
     @property
     def _rng(self) -> torch.Generator | None:
@@ -151,14 +218,15 @@ class SamplerEnsemble(Sampler):
         return member_at("SamplerEnsemble", self._samplers, item)
 
     # -- sampling --------------------------------------------------------------------------------------------
-    def _choose(self) -> torch.Tensor:
+    def _choose(self, storage: StorageEnsemble) -> torch.Tensor:
         n, k = len(self._samplers), self._num_buffer_sampled
         if self._sample_from_all:
             return torch.arange(n)
         rng = self._rng
         device = rng.device if rng is not None else None
-        if self._p is not None:
-            return torch.multinomial(self._p.to(device), k, replacement=True, generator=rng).cpu()
+        p = _sampleable_weights(self._samplers, storage) if getattr(self, "_p_sampleable", False) else self._p
+        if p is not None:
+            return torch.multinomial(p.to(device), k, replacement=True, generator=rng).cpu()
         return torch.randint(0, n, (k,), generator=rng, device=device).cpu()
 
     def sample(self, storage: StorageEnsemble, batch_size: int) -> tuple[Any, dict]:
@@ -187,7 +255,7 @@ class SamplerEnsemble(Sampler):
                 f"{self._num_buffer_sampled}."
             )
         per_buffer = batch_size // self._num_buffer_sampled
-        buffer_ids = self._choose()
+        buffer_ids = self._choose(storage)
         rows, infos = [], []
         for buffer_id in buffer_ids.tolist():
             member = storage[buffer_id]
@@ -235,8 +303,8 @@ class SamplerEnsemble(Sampler):
         return state
 
     def __repr__(self) -> str:
-        p = None if self._p is None else self._p.tolist()
-        how = "sample_from_all=True" if self._sample_from_all else f"p={p}"
+        p = self.p.tolist() if isinstance(self.p, torch.Tensor) else self.p
+        how = "sample_from_all=True" if self._sample_from_all else f"p={p!r}"
         return (
             f"{type(self).__name__}({', '.join(map(repr, self._samplers))}, {how}, "
             f"num_buffer_sampled={self._num_buffer_sampled})"

@@ -8,6 +8,12 @@ importance weight returned with it is ``(q_i / min_j q_j) ** -beta``: the usual
 ``(N * P(i)) ** -beta`` divided by its largest possible value, so weights lie in ``(0, 1]`` and equal ``1``
 for the least likely item. Positions index storage cells in row-major order (``ndim > 1`` storages are
 raveled with their shape) and only the first ``len(storage)`` of them are ever sampled.
+
+State: the two trees, the raw priorities and a few scalars (``alpha``, ``beta``, ``eps``, the max priority and
+where it is, one past the last position holding a priority). :meth:`PrioritizedSampler.share_memory_` moves
+all of it to shared memory (a dataset read by DataLoader workers does it), guarded by a
+:class:`~torchrl.data.replay_buffers.samplers._shared_state.StateGuard`: see NOTE [prioritized consistency]
+in the class docstring.
 """
 
 from __future__ import annotations
@@ -25,14 +31,17 @@ from torchrl.data.replay_buffers.samplers._priorities import (
     _check_exponent,
     _check_max_capacity,
     _check_reduction,
+    _scalar_property,
     check_priorities,
     reduce_priority,
 )
+from torchrl.data.replay_buffers.samplers._priority_index import PriorityArguments
+from torchrl.data.replay_buffers.samplers._shared_state import SharedArray, StateGuard
+from torchrl.data.replay_buffers.samplers._stable_items import unstable_items_error
 from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, unravel
 from torchrl.data.replay_buffers.samplers.segment_tree import (
     MinSegmentTree,
     SumSegmentTree,
-    _as_index_array,
     _as_value_array,
     _last_wins,
 )
@@ -41,8 +50,11 @@ __all__ = ["PrioritizedSampler", "REDUCTIONS", "check_priorities", "reduce_prior
 
 _NUMPY_DTYPES = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}
 
+# Slots of the scalar array (float64; positions and ends are exact integers far below 2 ** 53).
+_ALPHA, _BETA, _EPS, _MAX_PRIORITY, _MAX_INDEX, _WRITTEN_END = range(6)
 
-class PrioritizedSampler(Sampler):
+
+class PrioritizedSampler(PriorityArguments, Sampler):
     """Samples items in proportion to their priority (Schaul et al., 2015, "Prioritized Experience Replay").
 
     Item ``i`` with priority ``p_i`` is drawn with probability ``(p_i + eps) ** alpha / sum_j (p_j + eps)
@@ -55,8 +67,21 @@ class PrioritizedSampler(Sampler):
     batch on a 2-core CPU (~150 us of sampler time); ``python benchmarks/test_prioritized_benchmark.py``
     prints the comparison, part by part, on your machine.
 
-    Stateful (priorities), so a DataLoader worker copy would sample from stale priorities:
-    ``requires_shared_state = True``.
+    Stateful (priorities), so a private DataLoader worker copy would sample from stale priorities
+    (``requires_shared_state = True``); it can share its state (``can_share_state = True``):
+    :meth:`share_memory_` moves the trees, the raw priorities and the scalars (``alpha``, ``beta``, the max
+    priority) to shared memory, which ``rb.as_dataset()`` does, so that the main process and every DataLoader
+    worker sample and update one copy.
+
+    NOTE [prioritized consistency]: once shared, every read of the state (a draw, :meth:`state_dict`) and every
+    write (:meth:`update_priority`, :meth:`extend`/:meth:`mark_update`, :meth:`load_state_dict`, ``alpha``)
+    holds one cross-process lock (an ``flock``, released by the kernel if its holder dies), only for the tree
+    work, never around reading the storage. So a batch drawn during an update reflects the tree entirely
+    before or entirely after it: its positions and its importance weights come from one view of the tree.
+    Positions are drawn among the first ``len(storage)`` items as read before the draw, and new items get a
+    priority only after they are stored, so a drawn position always holds data. A writer killed in the middle
+    of an update leaves a flag that makes the next holder of the lock rebuild the trees from the raw
+    priorities.
 
     Args:
         max_capacity (int): the number of items the storage can hold (its ``max_size``; cells for
@@ -94,6 +119,7 @@ class PrioritizedSampler(Sampler):
     """
 
     requires_shared_state = True
+    can_share_state = True
 
     def __init__(
         self,
@@ -106,26 +132,110 @@ class PrioritizedSampler(Sampler):
         max_priority_within_buffer: bool = False,
     ) -> None:
         self._max_capacity = _check_max_capacity(max_capacity)
-        self._alpha = _check_exponent("alpha", alpha)
-        self._beta = _check_exponent("beta", beta)
-        self._eps = _check_exponent("eps", eps)
+        alpha = _check_exponent("alpha", alpha)
+        beta = _check_exponent("beta", beta)
+        eps = _check_exponent("eps", eps)
         self._dtype = _check_dtype(dtype)
         self._reduction = _check_reduction(reduction)
         self._max_priority_within_buffer = bool(max_priority_within_buffer)
         self._storage_shape: tuple[int, ...] | None = None
-        self._init_state()
-
-    def _init_state(self) -> None:
+        self._guard = StateGuard()
+        self._scalars = SharedArray(np.zeros(6))
         self._sum_tree = SumSegmentTree(self._max_capacity)
         # Zero priorities are stored as +inf in the min tree: such items are never drawn, so the weight
         # normalization uses the smallest positive priority.
         self._min_tree = MinSegmentTree(self._max_capacity)
-        self._priority = np.full(self._max_capacity, np.nan)  # raw priorities; NaN = never set
-        self._max_priority: float | None = None
+        self._priority_store = SharedArray(np.full(self._max_capacity, np.nan))  # raw priorities; NaN = never set
+        self._attach_arrays()
+        self._alpha, self._beta, self._eps = alpha, beta, eps
+        self._reset_state()
+
+    def _attach_arrays(self) -> None:
+        """Fetches the numpy views of the stores (after they moved to shared memory or were unpickled)."""
+        self._scalar_array = self._scalars.array
+        self._priority = self._priority_store.array
+
+    def _reset_state(self) -> None:
+        """Forgets every priority, in place (the arrays stay where they are, shared or not)."""
+        self._sum_tree.reset()
+        self._min_tree.reset()
+        self._priority.fill(np.nan)
+        self._max_priority = None
         self._max_priority_index = -1
         # One past the highest position ever given a priority: while it is <= len(storage), the whole-tree
         # total and minimum are those of the stored items (no range query needed when sampling).
         self._written_end = 0
+
+    # -- state kept in the scalar array (shared with the trees) ---------------------------------------------
+    _alpha = _scalar_property(_ALPHA, "The exponent applied to priorities.")
+    _beta = _scalar_property(_BETA, "The importance-sampling exponent.")
+    _eps = _scalar_property(_EPS, "Added to every priority.")
+    _max_priority_index = _scalar_property(_MAX_INDEX, "Where the max priority is (-1: unknown).", int)
+    _written_end = _scalar_property(_WRITTEN_END, "One past the last position holding a priority.", int)
+
+    @property
+    def _max_priority(self) -> float | None:
+        """The largest priority seen (``None`` before any)."""
+        value = float(self._scalar_array[_MAX_PRIORITY])
+        return None if value != value else value
+
+    @_max_priority.setter
+    def _max_priority(self, value: float | None) -> None:
+        self._scalar_array[_MAX_PRIORITY] = np.nan if value is None else value
+
+    # -- sharing with DataLoader workers -------------------------------------------------------------------
+    @property
+    def is_shared(self) -> bool:
+        """Whether the sampler's state lives in shared memory (see :meth:`share_memory_`)."""
+        return self._guard.is_shared
+
+    def share_memory_(self) -> PrioritizedSampler:
+        """Moves the priorities, both trees and the scalars to shared memory, in place.
+
+        Processes that receive the sampler afterwards (DataLoader workers under fork, spawn or forkserver)
+        sample from and update the same state, under one cross-process lock (see NOTE [prioritized
+        consistency] in the class docstring). ``rb.as_dataset()`` calls it; a no-op when shared already.
+        ``pickle``/``torch.save``/``copy.deepcopy`` still give a private copy.
+
+        Examples:
+            >>> sampler = PrioritizedSampler(8, alpha=0.7, beta=0.5)
+            >>> sampler.share_memory_().is_shared
+            True
+        """
+        if not self._guard.is_shared:  # private until now: no other process to exclude
+            for store in (self._scalars, self._priority_store):
+                store.share_memory_()
+            self._sum_tree.share_memory_()
+            self._min_tree.share_memory_()
+            self._attach_arrays()
+            self._guard.share_memory_()
+        return self
+
+    def _repair_state(self) -> None:
+        """Rebuilds the trees and the scalars from the raw priorities (a writer died in the middle of a write)."""
+        self._reexpress()
+        self._written_end = self._end_of_written()
+        known = self._priority[~np.isnan(self._priority)]
+        if known.size and (self._max_priority is None or known.max() > self._max_priority):
+            self._recompute_max()
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        for view in ("_scalar_array", "_priority"):  # views of the stores, which travel (shared or by value)
+            state.pop(view, None)
+        return state
+
+    def __setstate__(self, state) -> None:
+        if "_scalars" not in state:  # pickled by a version that kept plain attributes: private arrays
+            max_priority = state.pop("_max_priority", None)
+            scalars = [state.pop("_alpha"), state.pop("_beta"), state.pop("_eps"),
+                       np.nan if max_priority is None else max_priority, state.pop("_max_priority_index", -1),
+                       state.pop("_written_end", 0)]
+            state["_scalars"] = SharedArray(np.array(scalars, dtype=np.float64))
+            state["_priority_store"] = SharedArray(state.pop("_priority"))
+            state["_guard"] = StateGuard()
+        self.__dict__.update(state)
+        self._attach_arrays()
 
     # -- configuration --------------------------------------------------------------------------------------
     @property
@@ -141,13 +251,17 @@ class PrioritizedSampler(Sampler):
     @alpha.setter
     def alpha(self, value: float) -> None:
         value = _check_exponent("alpha", value)
+        with self._guard.write(self._repair_state):
+            self._set_alpha(value)
+
+    def _set_alpha(self, value: float) -> None:
         if value != self._alpha:
             if self._alpha == 0:  # as TorchRL: the priorities written so far were stored as 1 ** 0
                 warnings.warn(
                     f"Changing `alpha` of {type(self).__name__} from 0 to {value}: with alpha=0 every item "
                     f"was sampled uniformly; the stored priorities are now re-weighted with the new exponent.",
                     UserWarning,
-                    stacklevel=2,
+                    stacklevel=3,
                 )
             self._alpha = value
             self._reexpress()
@@ -196,10 +310,15 @@ class PrioritizedSampler(Sampler):
 
         Raises:
             RuntimeError: the storage is empty, or every stored item has a priority of zero.
+            TypeError: the storage declares ``stable_items = False`` (a :class:`~torchrl.data.DatasetStorage`):
+                a priority belongs to an index, not to the item a read of it realised. Sample such a storage
+                with :class:`~torchrl.data.RandomSampler` or :class:`~torchrl.data.SamplerWithoutReplacement`.
 
         A storage holding more than ``max_capacity`` items is accepted, as in TorchRL: only its first
         ``max_capacity`` items have a priority, and only they are drawn.
         """
+        if not getattr(storage, "stable_items", True):
+            raise unstable_items_error(self, storage)
         batch_size = check_batch_size(batch_size)
         n = len(storage)
         if n == 0:
@@ -213,9 +332,12 @@ class PrioritizedSampler(Sampler):
             u = torch.rand(batch_size, generator=rng, dtype=torch.float64).numpy()
         else:
             u = torch.rand(batch_size, generator=rng, dtype=torch.float64, device=rng.device).cpu().numpy()
-        # No priority past the stored items: the whole tree is searched (its fast path). Otherwise priorities
-        # were set past len(storage) (a standalone sampler: update_priority without storage).
-        drawn = self._sum_tree.draw(u, end=None if self._written_end <= n else n)
+        with self._guard.read(self._repair_state):  # one view of the tree: see NOTE [prioritized consistency]
+            # No priority past the stored items: the whole tree is searched (its fast path). Otherwise priorities
+            # were set past len(storage) (a standalone sampler: update_priority without storage).
+            drawn = self._sum_tree.draw(u, end=None if self._written_end <= n else n)
+            if drawn is not None:
+                q_min, beta = self._stored_min(n), self._beta
         if drawn is None:
             raise RuntimeError(
                 f"Every one of the {n} stored items has priority zero (or none was set): tell the sampler "
@@ -223,8 +345,7 @@ class PrioritizedSampler(Sampler):
                 f"update_priority()."
             )
         index, q = drawn
-        q_min = self._stored_min(n)
-        weight = np.power(q / q_min, -self._beta)
+        weight = np.power(q / q_min, -beta)
         numpy_dtype = _NUMPY_DTYPES.get(self._dtype)
         if numpy_dtype is not None:
             weight = torch.from_numpy(weight.astype(numpy_dtype, copy=False))
@@ -268,8 +389,9 @@ class PrioritizedSampler(Sampler):
             self._refuse_unwritten(flat, len(storage))
         check_priorities(values)
         flat, values = _last_wins(flat, values)
-        self._write(flat, values, end)
-        self._track_max(flat, values, float(values.max()))
+        with self._guard.write(self._repair_state):
+            self._write(flat, values, end)
+            self._track_max(flat, values, float(values.max()))
 
     def mark_update(self, index, *, storage=None) -> None:
         """Gives the written items at ``index`` the :attr:`default_priority` (``-1`` entries skipped).
@@ -285,12 +407,13 @@ class PrioritizedSampler(Sampler):
             flat = flat[keep]
         if not flat.size:
             return
-        if self._max_priority_within_buffer and self._max_priority_index >= 0:
-            if (flat == self._max_priority_index).any():  # the item holding the max is overwritten
-                self._recompute_max(exclude=flat)
-        self._write(flat, np.full(flat.size, self.default_priority), end)
-        if self._max_priority is None:
-            self._max_priority, self._max_priority_index = self.default_priority, int(flat[0])
+        with self._guard.write(self._repair_state):
+            if self._max_priority_within_buffer and self._max_priority_index >= 0:
+                if (flat == self._max_priority_index).any():  # the item holding the max is overwritten
+                    self._recompute_max(exclude=flat)
+            self._write(flat, np.full(flat.size, self.default_priority), end)
+            if self._max_priority is None:
+                self._max_priority, self._max_priority_index = self.default_priority, int(flat[0])
 
     def extend(self, index) -> None:
         """Called after a batch was written at ``index``: same as :meth:`mark_update`."""
@@ -302,18 +425,22 @@ class PrioritizedSampler(Sampler):
 
     # -- state ----------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The priorities, both trees, the max priority and ``alpha``/``beta``/``eps``/``max_capacity``."""
-        return {
-            "max_capacity": self._max_capacity,
-            "alpha": self._alpha,
-            "beta": self._beta,
-            "eps": self._eps,
-            "max_priority": self._max_priority,
-            "max_priority_index": self._max_priority_index,
-            "priority": torch.from_numpy(self._priority.copy()),
-            "sum_tree": self._sum_tree.state_dict(),
-            "min_tree": self._min_tree.state_dict(),
-        }
+        """The priorities, both trees, the max priority and ``alpha``/``beta``/``eps``/``max_capacity``.
+
+        A shared sampler is copied under its lock: a consistent snapshot even while workers sample.
+        """
+        with self._guard.read(self._repair_state):
+            return {
+                "max_capacity": self._max_capacity,
+                "alpha": self._alpha,
+                "beta": self._beta,
+                "eps": self._eps,
+                "max_priority": self._max_priority,
+                "max_priority_index": self._max_priority_index,
+                "priority": torch.from_numpy(self._priority.copy()),
+                "sum_tree": self._sum_tree.state_dict(),
+                "min_tree": self._min_tree.state_dict(),
+            }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores a state saved by :meth:`state_dict`; a bad state raises and leaves the sampler as is.
@@ -356,15 +483,18 @@ class PrioritizedSampler(Sampler):
         valid_index = isinstance(max_index, (int, np.integer)) and not isinstance(max_index, bool)
         if not (valid_index and -1 <= max_index < capacity):
             raise ValueError(f"`max_priority_index` must be an int in [-1, {capacity}), got {max_index!r}.")
-        self._alpha, self._beta, self._eps = alpha, beta, eps
-        self._priority = priority.copy()
-        self._sum_tree, self._min_tree = sum_tree, min_tree
-        self._max_priority = max_priority
-        self._max_priority_index = int(max_index)
-        self._written_end = self._end_of_written()
+        with self._guard.write(self._repair_state):  # in place: a shared state stays shared
+            self._alpha, self._beta, self._eps = alpha, beta, eps
+            self._priority[:] = priority
+            self._sum_tree.set_all(sum_tree.values)
+            self._min_tree.set_all(min_tree.values)
+            self._max_priority = max_priority
+            self._max_priority_index = int(max_index)
+            self._written_end = self._end_of_written()
 
     def _empty(self) -> None:
-        self._init_state()
+        with self._guard.write(self._repair_state):
+            self._reset_state()
 
     def __repr__(self) -> str:
         return (
@@ -419,106 +549,3 @@ class PrioritizedSampler(Sampler):
         """One past the highest position holding a priority (``0`` if none)."""
         held = np.flatnonzero((self._sum_tree.values != 0) | (self._min_tree.values != np.inf))
         return int(held[-1]) + 1 if held.size else 0
-
-    def _kept_positions(self, flat: np.ndarray) -> tuple[np.ndarray | None, int]:
-        """Checks the positions; returns the mask of the entries other than ``-1`` (``None``: all) and one
-        past the largest kept position."""
-        if not flat.size:
-            return None, 0
-        keep = None
-        lo, hi = flat.min(), flat.max()
-        if lo == -1:
-            keep = flat != -1
-            kept = flat[keep]
-            lo, hi = (kept.min(), kept.max()) if kept.size else (0, 0)
-        if lo < 0 or hi >= self._max_capacity:
-            bad = lo if lo < 0 else hi
-            raise IndexError(
-                f"`index` {bad} is out of range for a PrioritizedSampler of max_capacity "
-                f"{self._max_capacity}: pass positions in [0, {self._max_capacity}) (or -1 to skip an entry)."
-            )
-        return keep, int(hi) + 1
-
-    def _refuse_unwritten(self, flat: np.ndarray, n: int) -> None:
-        """Raises for the positions at or past ``n`` (the stored items): they hold no data yet."""
-        bad = flat[flat >= n]
-        shown = bad[:3].tolist()
-        shape = self._storage_shape
-        if shape is not None and len(shape) > 1:  # cells of an ndim > 1 storage: show coordinates too
-            coords = np.stack(np.unravel_index(bad[:3], shape), -1).tolist()
-            shown = f"{coords} (flat positions {shown})"
-        raise IndexError(
-            f"`index` holds {bad.size} position(s) never written, e.g. {shown}: the storage holds {n} items "
-            f"(len(rb) == {n}). Priorities can only be set for stored items: pass positions in [0, {n}) (or -1 "
-            f"to skip an entry), e.g. the 'index' of a sampled batch. Nothing was changed."
-        )
-
-    def _remember_shape(self, storage) -> None:
-        if storage is not None and storage.ndim > 1:
-            try:
-                self._storage_shape = tuple(storage.shape)
-            except RuntimeError:  # a lazy storage before its first write has no shape yet
-                pass
-
-    def _flat_index(self, index, storage) -> np.ndarray:
-        """Flat int64 positions (``-1`` kept for skipped entries) from any accepted index form."""
-        if storage is not None:
-            self._remember_shape(storage)
-        if isinstance(index, torch.Tensor) and index.ndim == 1 and index.dtype == torch.long and index.is_cpu:
-            return index.numpy()  # the common case, read-only from here on
-        if isinstance(index, tuple) and len(index) == 1 and not isinstance(index[0], (int, np.integer)):
-            index = index[0]  # a per-dimension index of a 1-D storage
-        ndim = storage.ndim if storage is not None else len(self._storage_shape or (None,))
-        per_dim = isinstance(index, tuple) and (
-            ndim > 1 or any(isinstance(i, (torch.Tensor, np.ndarray)) for i in index)
-        )
-        if per_dim:
-            return self._ravel([_as_index_array(i, "index") for i in index])
-        if isinstance(index, torch.Tensor):
-            if index.ndim != 2:
-                return _as_index_array(index)
-            index = index.detach().cpu().numpy()
-        elif not isinstance(index, (np.ndarray, list)) or np.ndim(index) != 2:
-            return _as_index_array(index)
-        rows = np.asarray(index)  # [N, ndim] coordinates
-        if rows.shape[-1] == 1:
-            return _as_index_array(rows.reshape(-1))
-        return self._ravel([_as_index_array(rows[:, d]) for d in range(rows.shape[-1])])
-
-    def _ravel(self, coords: list[np.ndarray]) -> np.ndarray:
-        shape = self._storage_shape
-        if shape is None or len(shape) != len(coords):
-            raise ValueError(
-                f"A per-dimension index with {len(coords)} dims needs the shape of an ndim={len(coords)} "
-                f"storage: pass `storage=` (the sampler knows {shape})."
-            )
-        if len({c.size for c in coords}) > 1:
-            raise ValueError(f"The per-dimension index tensors differ in length: {[c.size for c in coords]}.")
-        skipped = np.zeros(coords[0].size, dtype=bool)
-        flat = np.zeros(coords[0].size, dtype=np.int64)
-        for c, size in zip(coords, shape):
-            skipped |= c == -1
-            if c.size and ((c < -1).any() or (c >= size).any()):
-                raise IndexError(
-                    f"`index` entries {c[(c < -1) | (c >= size)][:3].tolist()} are out of range for a "
-                    f"storage of shape {list(shape)}: pass coordinates in [0, size) per dim (or -1 to skip "
-                    f"an entry)."
-                )
-            flat = flat * size + c
-        flat[skipped] = -1
-        return flat
-
-    def _priority_values(self, priority, count: int) -> np.ndarray:
-        if isinstance(priority, torch.Tensor) and priority.ndim == 1 and priority.numel() == count:
-            if priority.is_cpu and priority.dtype in (torch.float32, torch.float64):  # the common case
-                return priority.detach().numpy().astype(np.float64, copy=False)  # read-only from here on
-            return priority.detach().to("cpu", torch.float64).numpy()
-        if isinstance(priority, torch.Tensor) and priority.ndim > 1 and priority.numel() != count:
-            if priority.shape[0] != count:
-                raise ValueError(
-                    f"`priority` of shape {list(priority.shape)} does not match the {count} indices: pass "
-                    f"one priority per index (shape [{count}] or [{count}, ...], reduced with "
-                    f"reduction={self.reduction!r})."
-                )
-            priority = reduce_priority(priority, self.reduction)
-        return _as_value_array(priority, count, name="priority")

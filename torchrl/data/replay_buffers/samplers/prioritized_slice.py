@@ -28,7 +28,11 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
     ``(q_start / q_min) ** -beta`` with ``q = (p + eps) ** alpha`` and ``q_min`` the smallest positive
     ``q`` stored (weights lie in ``(0, 1]``).
 
-    Stateful (priorities): ``requires_shared_state = True``.
+    Stateful (priorities): ``requires_shared_state = True``. Its state is that of
+    :class:`PrioritizedSampler` and is shared the same way (``can_share_state = True``, :meth:`share_memory_`),
+    with the same consistency; the trajectory boundaries are derived from the storage content in each process.
+    Like :class:`PrioritizedSampler` and :class:`SliceSampler`, :meth:`sample` raises ``TypeError`` for a storage
+    declaring ``stable_items = False`` (a :class:`~torchrl.data.DatasetStorage`).
 
     Args:
         max_capacity, alpha, beta, eps, dtype, reduction: as in :class:`PrioritizedSampler`.
@@ -66,6 +70,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
     """
 
     requires_shared_state = True
+    can_share_state = True
 
     def __init__(
         self,
@@ -139,7 +144,9 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         bounds = self._boundaries(storage)
         elig = self._eligible(bounds, slice_len)
         owner, offsets, cells = self._start_cells(bounds, elig, slice_len)
-        q = self._sum_tree.values[cells]
+        with self._guard.read(self._repair_state):  # one view of the tree: see NOTE [prioritized consistency]
+            q = self._sum_tree.values[cells]
+            q_min, beta = self._stored_min(n), self._beta
         cumulative = np.cumsum(q)
         total = float(cumulative[-1])
         if not total > 0:
@@ -152,8 +159,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         u = self._uniform(num_slices, torch.device("cpu")).numpy()
         pick = np.searchsorted(cumulative, u * (total * _BELOW_ONE), side="right")
         np.minimum(pick, cells.size - 1, out=pick)
-        q_min = self._stored_min(n)
-        weight = torch.from_numpy(np.power(q[pick] / q_min, -self._beta)).to(self._dtype)
+        weight = torch.from_numpy(np.power(q[pick] / q_min, -beta)).to(self._dtype)
         pick = torch.from_numpy(pick).to(owner.device)
         return self._build_slices(
             bounds,

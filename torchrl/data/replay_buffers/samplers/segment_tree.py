@@ -16,6 +16,9 @@ smaller); the levels above it are not stored: a query ends with one contiguous r
 slots of the flat level and a search starts with one ``cumsum`` + ``searchsorted`` over it, which costs less
 than maintaining 11 more levels on every update. Every operation takes a batch and runs a fixed number of
 numpy calls per level, never a Python loop over items.
+
+The array can move to shared memory (:meth:`~_SegmentTree.share_memory_`), so that DataLoader workers sample
+from the tree the main process updates; the tree itself takes no lock (the prioritized samplers do).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import numpy as np
 import torch
 
 from torchrl._validation import check_int, check_positive_int, is_int
+from torchrl.data.replay_buffers.samplers._shared_state import SharedArray
 
 # Levels from the root whose slots ``update`` recomputes whole and ``scan_lower_bound`` searches with one
 # cumsum: 2 ** 11 slots is where a contiguous pass becomes cheaper than per-level scattered gathers.
@@ -111,11 +115,12 @@ class _SegmentTree:
         self._depth = (self._capacity - 1).bit_length()
         self._size = 1 << self._depth
         self._flat_level = min(self._depth, _FLAT_LEVEL)
-        self._tree = np.full(2 * self._size, self.identity, dtype=np.float64)
+        self._store = SharedArray(np.full(2 * self._size, self.identity, dtype=np.float64))
         self._make_views()
 
     def _make_views(self) -> None:
         # _pairs[i] holds slots (2i, 2i+1), the children of slot i; _leaves is the last level.
+        self._tree = self._store.array
         self._pairs = self._tree.view(np.complex128)
         self._leaves = self._tree[self._size :]
 
@@ -134,6 +139,23 @@ class _SegmentTree:
 
     def __len__(self) -> int:
         return self._capacity
+
+    @property
+    def is_shared(self) -> bool:
+        """Whether the tree lives in shared memory (see :meth:`share_memory_`)."""
+        return self._store.is_shared
+
+    def share_memory_(self) -> _SegmentTree:
+        """Moves the tree to shared memory, in place: processes that receive it afterwards (fork, spawn,
+        forkserver) read and write the same slots. Callers order concurrent access themselves (the prioritized
+        samplers hold their state lock). A no-op when the tree is shared already."""
+        self._store.share_memory_()
+        self._make_views()
+        return self
+
+    def reset(self) -> None:
+        """Sets every leaf back to the identity (``0`` for sums, ``+inf`` for mins), in place."""
+        self._tree.fill(self.identity)
 
     def update(self, index, value) -> None:
         """Sets the leaves at ``index`` to ``value`` and re-reduces their ancestors.
@@ -238,11 +260,13 @@ class _SegmentTree:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        for view in ("_pairs", "_leaves"):
+        for view in ("_tree", "_pairs", "_leaves"):  # views of the store, which travels (shared or by value)
             state.pop(view, None)
         return state
 
     def __setstate__(self, state) -> None:
+        if "_store" not in state:  # pickled before the store existed: the array itself travelled
+            state["_store"] = SharedArray(state.pop("_tree"))
         self.__dict__.update(state)
         self._make_views()
 

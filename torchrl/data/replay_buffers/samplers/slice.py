@@ -16,6 +16,7 @@ import torch
 from tensordict import NestedKey
 
 from torchrl.data.replay_buffers.samplers._slice_args import SliceArgs
+from torchrl.data.replay_buffers.samplers._stable_items import unstable_items_error
 from torchrl.data.replay_buffers.samplers._trajectories import (
     TrajectoryIndex,
     as_step_values,
@@ -241,6 +242,8 @@ class SliceSampler(Sampler):
 
     def _boundaries(self, storage) -> _Boundaries:
         """The trajectories of ``storage``, from the cache when it is still valid."""
+        if not getattr(storage, "stable_items", True):  # e.g. a DatasetStorage: no trajectory to index
+            raise unstable_items_error(self, storage)
         if len(storage) == 0:
             raise RuntimeError("Cannot sample from an empty storage: add data first (rb.add / rb.extend).")
         key = self._cache_key(storage)

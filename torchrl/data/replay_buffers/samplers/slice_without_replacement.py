@@ -21,7 +21,10 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
     boundary, the ring-buffer wrap or an env column).
 
     Stateful (``requires_shared_state = True``): the epoch permutation and the position in it would be
-    duplicated by a per-worker copy. Boundaries are always cached (keyed on the storage write revision); a
+    duplicated by a per-worker copy. Shared with DataLoader workers, it draws by number as
+    :class:`SamplerWithoutReplacement` does (:meth:`~SamplerWithoutReplacement.planned_draw`): batch ``g`` of
+    an iteration takes the same trajectories of the same epoch whatever the workers' speeds (the starts inside
+    them come from the worker's generator). Boundaries are always cached (keyed on the storage write revision); a
     new epoch starts when the number of sampleable trajectories changes.
 
     Keyword Args:
