@@ -17,6 +17,11 @@ Run it (about ten seconds on a laptop CPU)::
     python examples/replay-buffers/dataloader_behavior_cloning.py
     python examples/replay-buffers/dataloader_behavior_cloning.py --smoke   # a few updates, for CI
 
+The demonstrations can be published as a Hugging Face dataset and trained from later (``hf`` extra)::
+
+    python examples/replay-buffers/dataloader_behavior_cloning.py --export-hf out/cartpole_demos
+    python examples/replay-buffers/dataloader_behavior_cloning.py --from-hf out/cartpole_demos
+
 Needs the ``examples`` extra: ``pip install -e '.[examples]'`` (gymnasium, pygame, pillow, tqdm).
 """
 
@@ -90,6 +95,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--eval-episodes", type=_positive_int, help=f"evaluation episodes (default {DEFAULTS['eval_episodes']})")
     add("--check-return", type=float, default=None, help="exit 1 unless every eval episode reaches this")
     add("--smoke", action="store_true", help="a few updates on a little data (for CI)")
+    add("--export-hf", metavar="PATH", help="also export the demonstrations as a Hugging Face dataset there")
+    add("--from-hf", metavar="PATH", help="train from a dataset written by --export-hf instead of the expert")
     args = parser.parse_args(argv)
     for name, default in (SMOKE if args.smoke else DEFAULTS).items():
         if getattr(args, name) is None:
@@ -207,19 +214,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The network is tiny: intra-op threads would only compete with the DataLoader workers for the cores.
     torch.set_num_threads(1)
 
-    capacity = args.demo_episodes * MAX_EPISODE_STEPS
-    rb = TensorDictReplayBuffer(
-        storage=LazyMemmapStorage(capacity),  # files in a temporary directory, removed at exit
-        batch_size=args.batch_size,
-        generator=torch.Generator().manual_seed(args.seed),
-    )
-    expert_returns = collect_demonstrations(
-        rb, episodes=args.demo_episodes, noise=args.expert_noise, seed=args.seed
-    )
-    print(
-        f"expert: {len(rb)} transitions from {len(expert_returns)} episodes, mean return "
-        f"{np.mean(expert_returns):.1f} (with {args.expert_noise:.0%} random actions played)"
-    )
+    if args.from_hf:  # columns "observation" and "action", as --export-hf writes them
+        rb = TensorDictReplayBuffer.from_hf(
+            args.from_hf, batch_size=args.batch_size, generator=torch.Generator().manual_seed(args.seed)
+        )
+        print(f"demonstrations: {len(rb)} transitions read from {args.from_hf}")
+    else:
+        capacity = args.demo_episodes * MAX_EPISODE_STEPS
+        rb = TensorDictReplayBuffer(
+            storage=LazyMemmapStorage(capacity),  # files in a temporary directory, removed at exit
+            batch_size=args.batch_size,
+            generator=torch.Generator().manual_seed(args.seed),
+        )
+        expert_returns = collect_demonstrations(
+            rb, episodes=args.demo_episodes, noise=args.expert_noise, seed=args.seed
+        )
+        print(
+            f"expert: {len(rb)} transitions from {len(expert_returns)} episodes, mean return "
+            f"{np.mean(expert_returns):.1f} (with {args.expert_noise:.0%} random actions played)"
+        )
+    if args.export_hf:
+        rb.export_hf(args.export_hf)
+        print(f"demonstrations exported to {args.export_hf} (train from them with --from-hf)")
     collected = time.perf_counter()
 
     obs_dim = rb.storage.get(0)["observation"].numel()

@@ -58,11 +58,21 @@ class Storage(Component, abc.ABC):
         is_ensemble (bool): ``True`` for a storage whose items live in several member storages with their own
             indices (:class:`~torchrl.data.StorageEnsemble`), which :meth:`as_dataset` refuses. Defaults to
             ``False``.
+        writable (bool): ``False`` for a read-only storage (:class:`~torchrl.data.DatasetStorage`): a buffer
+            built over it without a writer gets an :class:`~torchrl.data.ImmutableDatasetWriter`, so writes
+            raise. Defaults to ``True``.
+        stable_items (bool): ``False`` when reading index ``i`` twice may return two different items (a
+            dataset with random augmentation) and the storage has no trajectory metadata to index: a buffer
+            over it accepts only samplers that draw indices uniformly (:class:`~torchrl.data.RandomSampler`,
+            :class:`~torchrl.data.SamplerWithoutReplacement`) and raises ``TypeError`` for the others.
+            Defaults to ``True``.
     """
 
     ndim: int = 1
     requires_shared_state: bool = False
     is_ensemble: bool = False
+    writable: bool = True
+    stable_items: bool = True
     checkpoint_role = "storage"
     _rng: torch.Generator | None = None
     _default_checkpointer: type[StorageCheckpointerBase] = StorageCheckpointerBase
