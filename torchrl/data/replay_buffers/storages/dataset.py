@@ -9,14 +9,19 @@ through its public contract (``get``, ``len``, ``ndim``, ``shape``, ``is_ensembl
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDictBase, is_tensorclass
 from torch.utils.data import Dataset
 
+from torchrl.data.replay_buffers._worker_threads import ForkThreadGuard
 from torchrl.data.replay_buffers._worker_transport import DEFAULT_TRANSPORT, check_transport, prepare_batch
 
 __all__ = ["StorageDataset"]
+
+_STATE_FORMAT = "torchrl-storage-dataset-state"
 
 
 def _check_storage(storage) -> None:
@@ -39,7 +44,7 @@ def _check_storage(storage) -> None:
         )
 
 
-class StorageDataset(Dataset):
+class StorageDataset(ForkThreadGuard, Dataset):
     """A map-style :class:`~torch.utils.data.Dataset` over a 1-D storage.
 
     ``__getitems__(indices)`` reads a whole index batch with one ``storage.get`` call (one vectorized gather
@@ -64,6 +69,27 @@ class StorageDataset(Dataset):
             batches that the collate function returns unchanged; anything else travels torch's way. See
             :ref:`dataloader-transport`. Defaults to ``"ring"``.
 
+    Several ranks (data-parallel, :mod:`torch.distributed`): give the DataLoader a
+    :class:`~torch.utils.data.distributed.DistributedSampler` (or torchdata's resumable
+    ``StatefulDistributedSampler``) instead of ``shuffle=True``. Each rank then reads a disjoint shard of the
+    storage per epoch (padded by repeating a few items so that shards have equal length, unless
+    ``drop_last=True``), and its workers read that shard's index batches. Call ``sampler.set_epoch(epoch)``
+    before each epoch: without it, every epoch repeats the first epoch's order. The storage must hold the same
+    content on every rank, e.g. a :class:`~torchrl.data.LazyMemmapStorage` over one shared directory, which
+    every rank re-opens (see :ref:`distributed-torch`)::
+
+        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=0)
+        loader = DataLoader(dataset, batch_size=32, sampler=sampler, num_workers=2,
+                            collate_fn=tensordict_collate)
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+            for batch in loader:
+                ...
+
+    Resuming: the dataset holds no position (the DataLoader's sampler does, and torchdata's
+    ``StatefulDataLoader`` saves it). Its :meth:`state_dict` records the storage's length, which
+    :meth:`load_state_dict` checks: a shuffled order resumed over a storage of another length would differ.
+
     .. note:: Rows written after the workers started are visible to them, but the DataLoader's sampler draws
         indices in ``range(len(dataset))`` as measured when each epoch starts.
 
@@ -86,14 +112,53 @@ class StorageDataset(Dataset):
         self.transport = check_transport(transport)
         if self.share_memory and hasattr(storage, "share_memory_"):
             storage.share_memory_()
+        self._record_origin()
 
     def __len__(self) -> int:
         return len(self.storage)
 
+    # -- resume (torchdata's StatefulDataLoader protocol) ------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """``{"format": "torchrl-storage-dataset-state", "length": len(storage)}``: the position lives in the
+        DataLoader's sampler; the length lets :meth:`load_state_dict` refuse another storage.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage
+            >>> storage = LazyTensorStorage(10)
+            >>> storage.set(torch.arange(4), torch.zeros(4, 2))
+            >>> storage.as_dataset().state_dict()["length"]
+            4
+        """
+        return {"format": _STATE_FORMAT, "length": len(self.storage)}
+
+    def check_state_dict(self, state_dict: dict[str, Any], *, buffer_length: int | None = None, **_) -> None:
+        """Raises the ``ValueError`` of :meth:`load_state_dict` without changing anything (``buffer_length``
+        replaces the storage's current length: the length it will have once its checkpoint is loaded)."""
+        if not isinstance(state_dict, dict) or state_dict.get("format") != _STATE_FORMAT:
+            raise ValueError(
+                f"`state_dict` is not a StorageDataset state (a dict with format {_STATE_FORMAT!r}); got "
+                f"{state_dict!r:.200}."
+            )
+        length = len(self.storage) if buffer_length is None else buffer_length
+        if state_dict.get("length") != length:
+            raise ValueError(
+                f"Cannot resume this StorageDataset: the loader state was saved over a storage of length "
+                f"{state_dict.get('length')!r}, and this storage holds {length} items. Load the storage saved "
+                f"with the state first (torchrl.data.load_training_state does both)."
+            )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Checks a state saved by :meth:`state_dict` against this storage (``ValueError`` if its length
+        differs); there is nothing else to restore."""
+        self.check_state_dict(state_dict)
+
     def __getitem__(self, index: int):
+        self._check_worker_threads()
         return self.storage.get(index)
 
     def __getitems__(self, indices: list[int]):
+        self._check_worker_threads()
         batch = self.storage.get(indices)
         if isinstance(batch, list):
             return batch
