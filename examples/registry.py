@@ -46,6 +46,13 @@ EXAMPLES: tuple[Example, ...] = (
         smoke_args=("--smoke", "--out", "{tmp}/bc_cartpole"),
         requires=("gymnasium", "tqdm"),
     ),
+    Example(
+        "replay-buffers/resume_training.py",
+        smoke_args=("--smoke", "--out", "{tmp}/resume"),
+        requires=("torchdata",),
+        timeout=480.0,
+    ),
+    Example("replay-buffers/prioritized_dataloader.py", smoke_args=("--smoke",)),
 )
 
 EXCLUDED: tuple[Excluded, ...] = (

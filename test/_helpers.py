@@ -393,3 +393,8 @@ def assert_checkpoint_round_trip(component, make_fresh, tmp_path, *, draws: int 
             drawn = fresh.sample()
             torch.manual_seed(1000 + i)
             assert_same_state(drawn, component.sample(), f"draw {i}")
+
+
+def child_set_priority(rb, index: int, priority: float) -> None:
+    """Sets one priority of a shared prioritized buffer from another process."""
+    rb.update_priority(torch.tensor([index]), torch.tensor([priority]))

@@ -5,7 +5,7 @@ Markers (registered in pyproject.toml, ``--strict-markers`` rejects any other):
 - ``slow``: minutes rather than seconds; CI and the README's test command deselect them (``-m "not slow"``).
 - ``multiprocess``: starts worker processes; give each such test a DataLoader ``timeout`` or a
   ``@pytest.mark.timeout(...)`` so that a deadlock fails fast.
-- ``extras``: needs an optional integration (``datasets``, ``transformers``, ``trl``, ``gymnasium``...). Each such
+- ``extras``: needs an optional integration (``datasets``, ``transformers``, ``trl``, ``gymnasium``, ``ray``, ``torchdata``, ``h5py``...). Each such
   test calls ``pytest.importorskip("<package>")`` itself (at module level or in the test), so a machine without
   the extra reports it as skipped, with the missing package as the reason, and never fails on it. CI installs
   every extra (``.ci/run``), so they run there.

@@ -364,3 +364,23 @@ def test_private_storages_take_no_process_lock():
     assert not rb.storage.is_shared and repr(rb.write_lock) == "NULL_LOCK"
     rb.share()
     assert isinstance(rb.write_lock, ProcessLock) and rb.writer._counters.is_shared
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_shared_buffer_shares_its_sampler_state_with_writer_processes(method):
+    from _helpers import child_set_priority
+
+    from torchrl.data import PrioritizedReplayBuffer
+
+    rb = PrioritizedReplayBuffer(alpha=1.0, beta=0.5, storage=LazyTensorStorage(64), batch_size=64)
+    rb.extend(torch.arange(16))
+    rb.share()
+    assert rb.sampler.is_shared
+    process = mp.get_context(method).Process(target=child_set_priority, args=(rb, 3, 1e6))
+    process.start()
+    process.join(timeout=100)
+    assert process.exitcode == 0
+    drawn = rb.sample()
+    assert (drawn == 3).float().mean() > 0.9  # the priority set in the other process reached this one

@@ -3,12 +3,19 @@
 from torchrl.data.replay_buffers._cleanup import cleanup_stale_scratch_dirs
 from torchrl.data.replay_buffers._collate import tensordict_collate
 from torchrl.data.replay_buffers._shared import TornReadError
+from torchrl.data.replay_buffers._torchrl_names import REPLAY_BUFFER_NAMES, not_provided_getattr
 from torchrl.data.replay_buffers.checkpointers import (
     ListStorageCheckpointer,
     StorageCheckpointerBase,
     StorageEnsembleCheckpointer,
     TensorStorageCheckpointer,
 )
+from torchrl.data.replay_buffers.checkpointers_ted import (
+    FlatStorageCheckpointer,
+    H5StorageCheckpointer,
+    NestedStorageCheckpointer,
+)
+from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer  # Ray itself is imported on use
 from torchrl.data.replay_buffers.replay_buffers import (
     PrioritizedReplayBuffer,
     ReplayBuffer,
@@ -20,24 +27,41 @@ from torchrl.data.replay_buffers.replay_buffers.dataset import ReplayBufferDatas
 from torchrl.data.replay_buffers.replay_buffers.remote import RemoteTensorDictReplayBuffer
 from torchrl.data.replay_buffers.sample_units import SampleUnit, Sequence, Transition
 from torchrl.data.replay_buffers.samplers import (
+    ConsumingSampler,
+    EpochEnded,
     PrioritizedSampler,
     PrioritizedSliceSampler,
+    PromptGroupSampler,
     RandomSampler,
     Sampler,
     SamplerEnsemble,
     SamplerWithoutReplacement,
     SliceSampler,
     SliceSamplerWithoutReplacement,
+    StalenessAwareSampler,
+    StreamingSliceSampler,
+)
+from torchrl.data.replay_buffers.scheduler import (
+    LambdaScheduler,
+    LinearScheduler,
+    ParameterScheduler,
+    SchedulerList,
+    StepScheduler,
 )
 from torchrl.data.replay_buffers.storages import (
+    CompressedListStorage,
+    DatasetStorage,
     LazyMemmapStorage,
+    LazyStackStorage,
     LazyTensorStorage,
     ListStorage,
     Storage,
     StorageEnsemble,
     TensorStorage,
 )
+from torchrl.data.replay_buffers.storages.compressed import CompressedListStorageCheckpointer
 from torchrl.data.replay_buffers.storages.dataset import StorageDataset
+from torchrl.data.replay_buffers.training_state import load_training_state, save_training_state
 from torchrl.data.replay_buffers.utils import (
     DEFAULT_DONE_KEYS,
     Flat2TED,
@@ -83,6 +107,7 @@ __all__ = [
     "LazyMemmapStorage",
     "StorageEnsemble",
     "Sampler",
+    "EpochEnded",
     "RandomSampler",
     "SamplerWithoutReplacement",
     "SliceSampler",
@@ -90,6 +115,15 @@ __all__ = [
     "SamplerEnsemble",
     "PrioritizedSampler",
     "PrioritizedSliceSampler",
+    "ConsumingSampler",
+    "StalenessAwareSampler",
+    "ParameterScheduler",
+    "LambdaScheduler",
+    "LinearScheduler",
+    "StepScheduler",
+    "SchedulerList",
+    "StreamingSliceSampler",
+    "PromptGroupSampler",
     "Writer",
     "RoundRobinWriter",
     "TensorDictRoundRobinWriter",
@@ -103,6 +137,20 @@ __all__ = [
     "TensorStorageCheckpointer",
     "ListStorageCheckpointer",
     "StorageEnsembleCheckpointer",
+    "FlatStorageCheckpointer",
+    "NestedStorageCheckpointer",
+    "H5StorageCheckpointer",
+    "LazyStackStorage",
+    "CompressedListStorage",
+    "CompressedListStorageCheckpointer",
     "StorageDataset",
+    "save_training_state",
+    "load_training_state",
+    "DatasetStorage",
     "ReplayBufferDataset",
+    "RayReplayBuffer",
 ]
+
+# TorchRL's replay-buffer names that this package does not implement: importing one raises an ImportError that
+# says so (see _torchrl_names); implemented names never reach this hook.
+__getattr__ = not_provided_getattr(__name__, REPLAY_BUFFER_NAMES)

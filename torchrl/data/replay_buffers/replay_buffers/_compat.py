@@ -20,6 +20,9 @@ from tensordict import TensorDictBase
 
 from torchrl._validation import check_bool, check_positive_int
 from torchrl.data.replay_buffers.sample_units import check_sample_unit
+from torchrl.data.replay_buffers.samplers import PrioritizedSampler, RandomSampler
+from torchrl.data.replay_buffers.samplers.consuming import ConsumingSampler
+from torchrl.data.replay_buffers.writers import ImmutableDatasetWriter
 
 # the iterator behind ReplayBuffer.next(), per buffer: kept out of the buffer's __dict__ (never pickled)
 _NEXT_ITERATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -62,17 +65,69 @@ def check_compat_keywords(
         if not callable(transform_factory):
             raise TypeError(f"`transform_factory` must be a zero-argument callable, got {transform_factory!r}.")
         transform = transform_factory()
-    if consume_after_n_samples is not None:
+    if consume_after_n_samples is not None:  # the sampler is built by consuming_sampler_for()
         check_positive_int("consume_after_n_samples", consume_after_n_samples)
-        raise NotImplementedError(
-            f"ReplayBuffer(consume_after_n_samples={consume_after_n_samples}) is not supported: there is no "
-            f"ConsumingSampler here. Remove items yourself (rb.empty()) or sample without replacement "
-            f"(sampler=SamplerWithoutReplacement())."
-        )
     if delayed_init is not None:
         check_bool("delayed_init", delayed_init)  # accepted; the buffer is always built at once
     compilable = False if compilable is None else check_bool("compilable", compilable)
     return transform, compilable, check_sample_unit(sample_unit)
+
+
+def consuming_sampler_for(sampler, consume_after_n_samples: int | None):
+    """The sampler of a buffer built with ``sampler`` and ``consume_after_n_samples`` (validated positive int).
+
+    As in TorchRL: ``None`` keeps ``sampler``; with a positive int, the default sampler (``None`` or a
+    :class:`~torchrl.data.RandomSampler`) becomes ``ConsumingSampler(consume_after_n_samples)``, a
+    :class:`~torchrl.data.ConsumingSampler` must have that ``max_sample_count``, and any other sampler raises a
+    ``ValueError``.
+    """
+    if consume_after_n_samples is None:
+        return sampler
+    n = consume_after_n_samples
+    if sampler is None or type(sampler) is RandomSampler:
+        return ConsumingSampler(n)
+    if isinstance(sampler, ConsumingSampler):
+        if sampler.max_sample_count != n:
+            raise ValueError(
+                f"`consume_after_n_samples`={n} contradicts the sampler {sampler!r}. Pass one of them, or the "
+                f"same count to both."
+            )
+        return sampler
+    if isinstance(sampler, PrioritizedSampler):
+        raise ValueError(
+            f"`consume_after_n_samples`={n} cannot be combined with the prioritized sampler "
+            f"{type(sampler).__name__}: consumption removes items from the draw, which the priority trees do "
+            f"not model. Drop `consume_after_n_samples`, or sample uniformly (the default sampler)."
+        )
+    raise ValueError(
+        f"`consume_after_n_samples`={n} replaces the default RandomSampler by ConsumingSampler({n}), and this "
+        f"buffer was given {type(sampler).__name__}. Leave `sampler` out, or pass sampler=ConsumingSampler({n})."
+    )
+
+
+def check_consuming_buffer(sampler, storage, writer, prefetch) -> None:
+    """Refuses what a buffer with a :class:`~torchrl.data.ConsumingSampler` cannot do (ValueError)."""
+    if not isinstance(sampler, ConsumingSampler):
+        return
+    if storage.ndim != 1:
+        raise ValueError(
+            f"ConsumingSampler tracks the items of a 1-D storage, and the storage has ndim={storage.ndim}. Use a "
+            f"storage with ndim=1, or another sampler."
+        )
+    if prefetch:
+        raise ValueError(
+            f"A buffer with ConsumingSampler cannot prefetch (`prefetch`={prefetch}): a batch sampled ahead "
+            f"consumes its items before anyone receives it, and they are lost with the queue (rb.empty(), a "
+            f"checkpoint, the end of the program). Pass prefetch=None."
+        )
+    if not writer.fills_free_slots and not isinstance(writer, ImmutableDatasetWriter):
+        raise ValueError(
+            f"ConsumingSampler needs a writer that fills consumed slots first (RoundRobinWriter, "
+            f"TensorDictRoundRobinWriter) or none (ImmutableDatasetWriter); got {type(writer).__name__}. Use "
+            f"one of these writers, or another sampler."
+        )
+    if storage.max_size < 2**40:  # the slots a shared sampler allocates (unbounded list storages: none)
+        sampler.reserve(storage.max_size)
 
 
 class BufferCompatMixin:

@@ -25,9 +25,19 @@ from tensordict import TensorDictBase, is_tensorclass
 from torchrl._validation import check_int, check_positive_int
 from torchrl.data.replay_buffers._collate import stack_samples
 from torchrl.data.replay_buffers.replay_buffers._buffer_state import BufferStateMixin
-from torchrl.data.replay_buffers.replay_buffers._compat import BufferCompatMixin, check_compat_keywords
+from torchrl.data.replay_buffers.replay_buffers._capabilities import (
+    check_sampler_fits_storage,
+    default_writer_for,
+)
+from torchrl.data.replay_buffers.replay_buffers._compat import (
+    BufferCompatMixin,
+    check_compat_keywords,
+    check_consuming_buffer,
+    consuming_sampler_for,
+)
+from torchrl.data.replay_buffers.replay_buffers._hf_methods import HFExchangeMixin
 from torchrl.data.replay_buffers.replay_buffers._prefetch_order import current_turn, submit_in_order
-from torchrl.data.replay_buffers.replay_buffers.dataset import ReplayBufferDataset
+from torchrl.data.replay_buffers.replay_buffers._worker_hooks import WorkerHooksMixin
 from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
 from torchrl.data.replay_buffers.storages import ListStorage, Storage, TensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter, Writer
@@ -44,7 +54,7 @@ def _check_component(name: str, value, cls: type):
     return value
 
 
-class ReplayBuffer(BufferStateMixin, BufferCompatMixin):
+class ReplayBuffer(BufferStateMixin, BufferCompatMixin, HFExchangeMixin, WorkerHooksMixin):
     """A replay buffer: writes go through a writer into a storage; samples are drawn by a sampler.
 
     Keyword Args:
@@ -76,12 +86,16 @@ class ReplayBuffer(BufferStateMixin, BufferCompatMixin):
             Defaults to ``None`` (one item per position, like :class:`~torchrl.data.Transition`).
         transform_factory (callable, optional): a zero-argument callable returning the transform; exclusive
             with ``transform`` (TypeError). Defaults to ``None``.
-        consume_after_n_samples (int, optional): TorchRL's consuming sampler; not supported (a positive int
-            raises ``NotImplementedError``). Defaults to ``None``.
+        consume_after_n_samples (int, optional): draw each item at most this many times until it is
+            overwritten: the default sampler becomes ``ConsumingSampler(consume_after_n_samples)`` (see
+            :class:`~torchrl.data.ConsumingSampler`; another sampler raises a ``ValueError``). Defaults to ``None``.
         compilable (bool, optional): accepted for TorchRL compatibility and passed to the default storage
             and writer; no effect here (see :class:`~torchrl.data.Storage`). Defaults to ``None``.
         delayed_init (bool, optional): accepted for TorchRL compatibility; the buffer is always built at once
             (:attr:`initialized` is ``True``). Defaults to ``None``.
+        checkpointer (StorageCheckpointerBase, optional): the storage's checkpointer, i.e. the layout that
+            :meth:`dumps` writes for the storage (e.g. :class:`~torchrl.data.FlatStorageCheckpointer`); set as
+            ``storage.checkpointer``. Defaults to ``None`` (the storage's own).
 
     Examples:
         >>> import torch
@@ -112,6 +126,7 @@ class ReplayBuffer(BufferStateMixin, BufferCompatMixin):
         consume_after_n_samples: int | None = None,
         compilable: bool | None = None,
         delayed_init: bool | None = None,
+        checkpointer=None,
     ) -> None:
         transform, self._compilable, self._sample_unit = check_compat_keywords(
             transform=transform, transform_factory=transform_factory, consume_after_n_samples=consume_after_n_samples,
@@ -127,16 +142,21 @@ class ReplayBuffer(BufferStateMixin, BufferCompatMixin):
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"`generator` must be a torch.Generator or None, got {type(generator).__name__}.")
         storage = ListStorage(1000, compilable=self._compilable) if storage is None else storage
-        writer = self._default_writer(compilable=self._compilable) if writer is None else writer
+        writer = default_writer_for(storage, self._default_writer, self._compilable) if writer is None else writer
         self._storage = _check_component("storage", storage, Storage)
+        sampler = consuming_sampler_for(sampler, consume_after_n_samples)
         self._sampler = _check_component("sampler", sampler if sampler is not None else RandomSampler(), Sampler)
         self._writer = _check_component("writer", writer, Writer)
+        check_sampler_fits_storage(self._sampler, self._storage)
+        check_consuming_buffer(self._sampler, self._storage, self._writer, prefetch)
         if getattr(self._sampler, "drop_last", False) and self._batch_size is None:  # as TorchRL
             raise ValueError(
                 f"{type(self._sampler).__name__}(drop_last=True) drops the last batch of an epoch when it is "
                 f"shorter than the buffer's batch size, and the buffer has none. Pass "
                 f"ReplayBuffer(..., batch_size=N), or drop_last=False."
             )
+        if checkpointer is not None:  # TorchRL's keyword: the storage's checkpointer (its dumps/loads layout)
+            self._storage.checkpointer = checkpointer
         self._storage.attach(self)
         self._writer.register_storage(self._storage)
         self._collate_fn = collate_fn if collate_fn is not None else self._default_collate()
@@ -179,15 +199,19 @@ class ReplayBuffer(BufferStateMixin, BufferCompatMixin):
     def share(self, shared: bool = True) -> ReplayBuffer:
         """Prepares the buffer to be written from several processes.
 
-        Tensor storages move to shared memory (content, length, write lock), and so does the writer's cursor.
-        Call it (or build the buffer with ``shared=True``) before starting the other processes, after a first
-        write when the storage is lazy.
+        Tensor storages move to shared memory (content, length, write lock), and so does the writer's cursor,
+        and the sampler's state when it has state it can share (priorities, an epoch, a free list: see
+        ``can_share_state`` on :class:`~torchrl.data.replay_buffers.Sampler`), so that a priority set or an
+        item written in one process is seen by the others. Call it (or build the buffer with ``shared=True``)
+        before starting the other processes, after a first write when the storage is lazy.
         """
         self._shared = bool(shared)
         if shared and hasattr(self._storage, "share_memory_"):
             self._storage.share_memory_()
         if shared:
             self.share_memory_()
+            if self._sampler.requires_shared_state and self._sampler.can_share_state:
+                self._sampler.share_memory_()
         return self
 
     def share_memory_(self) -> ReplayBuffer:
@@ -241,6 +265,10 @@ class ReplayBuffer(BufferStateMixin, BufferCompatMixin):
             component._rng = generator
 
     def __len__(self) -> int:
+        """The number of stored items (cells for ``ndim > 1``); with a sampler that consumes items
+        (:class:`~torchrl.data.ConsumingSampler`), the number of items that can still be drawn."""
+        if self._sampler.consumes_items:
+            return self._sampler.num_sampleable(self._storage)
         return len(self._storage)
 
     def __repr__(self) -> str:
@@ -268,7 +296,11 @@ class ReplayBuffer(BufferStateMixin, BufferCompatMixin):
             if data is None:
                 return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         with self._replay_lock, self._storage.write_lock:
-            index = self._writer.add(data)
+            sampler = self._sampler
+            if sampler.consumes_items:  # consumed slots first (the writer was checked at construction)
+                index = self._writer.add_free_first(data, sampler.free_slots)
+            else:
+                index = self._writer.add(data)
             if index is not None:  # None: a top-k writer rejected the item
                 self._sampler.add(index)
         return index
@@ -310,6 +342,12 @@ class ReplayBuffer(BufferStateMixin, BufferCompatMixin):
         processes overlap it; cursor, rows, counters, sampler and priorities change under the lock.
         """
         with self._replay_lock:
+            sampler = self._sampler
+            if sampler.consumes_items:  # consumed slots first (the writer was checked at construction)
+                with self._storage.write_lock:
+                    index = self._writer.extend_free_first(data, sampler.free_slots)
+                    sampler.extend(index)
+                return index
             data = self._writer.prepare(data)
             with self._storage.write_lock:
                 index = self._writer.extend(data)
@@ -414,6 +452,8 @@ class ReplayBuffer(BufferStateMixin, BufferCompatMixin):
                 "Iterating a buffer needs its batch size: build it with ReplayBuffer(..., batch_size=N)."
             )
         self._sampler.ran_out = False
+        if self._sampler.consumes_items and not len(self):  # everything consumed: no batch
+            return
         while True:
             self._epoch_ended = None
             yield self.sample()
@@ -456,64 +496,6 @@ class ReplayBuffer(BufferStateMixin, BufferCompatMixin):
         transform = as_transform(transform)
         self._transform.insert(index, _InvertTransform(transform) if invert else transform)
         return self
-
-    def as_dataset(self, *, num_batches: int | None = None, transport: str = "ring") -> ReplayBufferDataset:
-        """An iterable :class:`torch.utils.data.IterableDataset` of sampled batches, for DataLoader workers.
-
-        See :class:`~torchrl.data.ReplayBufferDataset` for ``num_batches`` and ``transport`` (how worker
-        processes send batches back: ``"ring"``, ``"consolidated"`` or ``"torch"``).
-        """
-        return ReplayBufferDataset(self, num_batches=num_batches, transport=transport)
-
-    # -- hooks for DataLoader adapters (ReplayBufferDataset and user datasets) --------------------------------------
-    def stateful_component(self) -> tuple[str, Any] | None:
-        """The first component whose state a copy of the buffer in another process would duplicate, if any.
-
-        ``("sampler", sampler)`` or ``("storage", storage)`` when that component declares
-        ``requires_shared_state = True`` (an epoch permutation, priorities, a stream position), else ``None``.
-        A dataset read by DataLoader workers holds one copy of the buffer per worker: it refuses such a buffer
-        (:class:`~torchrl.data.ReplayBufferDataset`) or warns about it.
-
-        Examples:
-            >>> from torchrl.data import ReplayBuffer, SamplerWithoutReplacement
-            >>> ReplayBuffer().stateful_component() is None
-            True
-            >>> ReplayBuffer(sampler=SamplerWithoutReplacement()).stateful_component()[0]
-            'sampler'
-        """
-        for name, component in (("sampler", self._sampler), ("storage", self._storage)):
-            if getattr(component, "requires_shared_state", False):
-                return name, component
-        return None
-
-    def prepare_worker_copy(self, seed: int) -> None:
-        """Readies this object, a copy of the buffer held by a DataLoader worker, to sample in that worker.
-
-        Turns prefetching off, gives the copy fresh locks and an empty prefetch queue, and reseeds its
-        ``torch.Generator`` (if it was built with one) from ``seed``. Call it once per worker, before the first
-        sample, with ``torch.utils.data.get_worker_info().seed``: workers then draw distinct streams, epochs
-        differ, and a DataLoader with a fixed ``generator`` reproduces them. Never call it on the buffer the
-        main process uses.
-
-        Args:
-            seed (int): the worker's seed (reduced modulo ``2**63``).
-
-        Examples:
-            >>> import pickle, torch
-            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=4, generator=torch.Generator())
-            >>> _ = rb.extend(torch.arange(10))
-            >>> copy = pickle.loads(pickle.dumps(rb))  # what a DataLoader worker holds
-            >>> copy.prepare_worker_copy(seed=7)
-            >>> first = copy.sample()
-            >>> copy.prepare_worker_copy(seed=7)
-            >>> torch.equal(first, copy.sample())
-            True
-        """
-        self._prefetch = 0
-        self._make_runtime_state()
-        if self._rng is not None:
-            self._rng.manual_seed(int(seed) % (2**63))
 
 
 def _move_dim_to_front(data, dim: int):

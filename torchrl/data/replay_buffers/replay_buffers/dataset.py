@@ -8,19 +8,41 @@ them (a buffer hosted elsewhere, a user's own buffer) can be read the same way:
 
 - ``sample()`` and ``batch_size``: what :meth:`ReplayBufferDataset.draw` calls by default;
 - ``storage``: moved to shared memory (if it can be) so that workers share its content;
-- ``stateful_component()``: the component whose state a worker copy would duplicate, if any;
-- ``prepare_worker_copy(seed)``: readies the worker's copy of the buffer and reseeds it.
+- ``stateful_component()``: the component whose state a worker copy would duplicate, if any; one that can put
+  that state in shared memory (``can_share_state``) is shared with ``share_memory_()`` when the dataset is
+  built (``share_sampler=True``);
+- ``prepare_worker_copy(seed)``: readies the worker's copy of the buffer and reseeds it;
+- ``set_rng(generator)`` and ``len(storage)`` (resume, :meth:`ReplayBufferDataset.state_dict`): the dataset
+  gives the worker's copy its own generator, and records the buffer length it was saved with;
+- ``pin_epoch(key, readers)``/``unpin_epoch()`` (optional): with ``num_batches=None``, an iteration ends where
+  the sampler's epoch ends, in every worker (see NOTE [pinned epochs] in ``samplers/_shared_epoch.py``);
+- ``sampler.planned_draw(key, number, total)`` (optional, on the buffer's public ``sampler``): in a DataLoader
+  worker, each draw is made by its number in the iteration, so that the batches do not depend on the workers'
+  speed (see NOTE [planned epochs] in ``samplers/_shared_epoch.py``); the pins are then not used.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from torchrl._validation import check_bool
+from torchrl.data.replay_buffers._loader_state import ReaderPosition, check_reader_state
+from torchrl.data.replay_buffers._persistence import qualname
+from torchrl.data.replay_buffers._ranks import (
+    Reader,
+    current_reader,
+    iteration_key,
+    reader_quota,
+    resolve_rank,
+)
 from torchrl.data.replay_buffers._shared import is_spawning
+from torchrl.data.replay_buffers._worker_threads import ForkThreadGuard
 from torchrl.data.replay_buffers._worker_transport import DEFAULT_TRANSPORT, check_transport, prepare_batch
+from torchrl.data.replay_buffers.samplers.base import EpochEnded
 
 __all__ = ["ReplayBufferDataset"]
 
@@ -44,19 +66,53 @@ def _check_num_batches(num_batches) -> int | None:
     return num_batches
 
 
+#: The samplers whose state can live in shared memory, named by the refusal.
+SHAREABLE_SAMPLERS = (
+    "PrioritizedSampler, PrioritizedSliceSampler, SamplerWithoutReplacement, SliceSamplerWithoutReplacement, "
+    "ConsumingSampler, StalenessAwareSampler, PromptGroupSampler and SamplerEnsembles of them"
+)
+
+
 def stateful_message(replay_buffer, where: str) -> str:
     """Why a buffer with a component that requires shared state cannot be read by DataLoader workers."""
     name, component = replay_buffer.stateful_component()
+    if getattr(component, "can_share_state", False):
+        why = (
+            "the dataset was built with share_sampler=False. Build it with share_sampler=True (the default) "
+            "to share that state with the workers"
+        )
+    else:
+        why = f"it cannot put that state in shared memory; the samplers that can are {SHAREABLE_SAMPLERS}"
     return (
         f"ReplayBufferDataset cannot be read by DataLoader workers ({where}): the buffer's {name} "
         f"{type(component).__name__} requires shared state (requires_shared_state=True), and each worker "
         f"would hold its own copy of it (e.g. its own epoch permutation or priorities), silently duplicating "
-        f"or skipping samples. Either use num_workers=0, or build the buffer with a stateless sampler "
-        f"(RandomSampler or SliceSampler)."
+        f"or skipping samples; {why}. Otherwise use num_workers=0, or build the buffer with a stateless "
+        f"sampler (RandomSampler or SliceSampler)."
     )
 
 
-class ReplayBufferDataset(IterableDataset):
+def _share_stateful_components(replay_buffer) -> None:
+    """Moves to shared memory the state of every stateful component that can share it (a sampler's)."""
+    shared: set[int] = set()
+    stateful = replay_buffer.stateful_component()
+    while stateful is not None:
+        component = stateful[1]
+        if id(component) in shared or not getattr(component, "can_share_state", False):
+            return
+        component.share_memory_()
+        shared.add(id(component))
+        stateful = replay_buffer.stateful_component()
+
+
+def _check_share_sampler(share_sampler) -> bool:
+    return check_bool(
+        "share_sampler", share_sampler,
+        hint="Pass True (the default) to share a stateful sampler with the DataLoader workers, or False to refuse it.",
+    )
+
+
+class ReplayBufferDataset(ForkThreadGuard, IterableDataset):
     """An :class:`~torch.utils.data.IterableDataset` whose items are batches sampled from a replay buffer.
 
     Each item is ``rb.sample()``: the sampler, the collate function and the transforms run where the dataset
@@ -71,10 +127,17 @@ class ReplayBufferDataset(IterableDataset):
     Workers: each worker holds a copy of the buffer object over the same storage content. At its first
     iteration in a worker, the dataset calls ``replay_buffer.prepare_worker_copy(get_worker_info().seed)``
     (fresh locks, prefetching off, the generator reseeded), so workers draw different batches, epochs differ,
-    and a DataLoader with a fixed ``generator`` reproduces the same stream. A buffer whose
-    ``stateful_component()`` is not ``None`` (a sampler or storage with ``requires_shared_state=True``) is
-    refused with ``num_workers > 0`` when :attr:`refuse_stateful` is true: when the DataLoader sends the
-    dataset to spawn/forkserver workers, and at the first iteration in a forked worker.
+    and a DataLoader with a fixed ``generator`` reproduces the same stream.
+
+    Stateful samplers: with ``share_sampler=True`` (the default), building the dataset moves the state of a
+    sampler that can share it (prioritized trees, the epoch of a sampler without replacement; see
+    :ref:`stateful-samplers-in-workers`) to shared memory, as it does for the storage content: the main
+    process and every worker then sample from and update one copy. A buffer whose ``stateful_component()`` is
+    still not ``None`` (a sampler or storage with ``requires_shared_state=True`` that cannot share its state, or
+    any with ``share_sampler=False``) is refused with ``num_workers > 0`` when :attr:`refuse_stateful` is true:
+    when the DataLoader sends the dataset to spawn/forkserver workers, and at the first iteration in a forked
+    worker. With ``num_batches=None`` and a sampler that runs out (without replacement), an iteration is one
+    epoch of the sampler: every worker stops where that epoch ends.
 
     Subclasses change what is yielded through two hooks, :meth:`draw` (one sampling call) and :meth:`items`
     (what one sampling call yields), and the refusal through :attr:`refuse_stateful`.
@@ -84,14 +147,31 @@ class ReplayBufferDataset(IterableDataset):
             :meth:`draw`.
 
     Keyword Args:
-        num_batches (int, optional): the number of sampling calls per epoch, in total over all workers
-            (worker ``i`` of ``N`` makes ``len(range(i, num_batches, N))``). ``None`` streams forever.
-            Defaults to ``None``.
+        num_batches (int, optional): the number of sampling calls per epoch, in total over all ranks and
+            workers: worker ``i`` of ``N`` in rank ``rank`` (``i = 0``, ``N = 1`` without workers) makes
+            ``len(range(i * world_size + rank, num_batches, world_size * N))``, so each rank makes
+            ``len(range(rank, num_batches, world_size))``. ``None`` streams forever, or, for
+            a sampler that runs out (without replacement), until the end of its epoch. Defaults to ``None``.
         transport (str): how a worker process sends a batch to the main process: ``"ring"`` (a per-worker
             ring of reusable shared-memory slots), ``"consolidated"`` (one new shared-memory segment per
             batch) or ``"torch"`` (torch's own, one segment per tensor). The ring carries dense CPU TensorDict
             batches that the collate function returns unchanged; anything else travels torch's way. See
             :ref:`dataloader-transport`. Defaults to ``"ring"``.
+        rank (int, optional): this process's rank among ``world_size`` data-parallel processes. With
+            ``world_size``, or neither: then they are read, when the dataset is built, from
+            :mod:`torch.distributed`'s default process group if it is initialized, else ``0`` and ``1``.
+            Each rank (and each of its workers) draws from its own random stream: a hash of the worker's
+            seed (or, without workers, of ``torch.initial_seed()``) and the rank, so ranks seeded alike draw
+            different batches. Without workers and with ``world_size > 1``, the first iteration gives the
+            buffer a generator seeded that way (``rb.set_rng``). Defaults to ``None``.
+        world_size (int, optional): the number of data-parallel processes. Defaults to ``None``.
+        share_sampler (bool): move the state of a stateful sampler that can share it to shared memory, so
+            that DataLoader workers share it with the main process; ``False`` refuses such a buffer with
+            workers instead. Defaults to ``True``.
+
+    Resuming: :meth:`state_dict` and :meth:`load_state_dict` implement the protocol of torchdata's
+    ``StatefulDataLoader``, so that a resumed run yields exactly the batches an uninterrupted one would have;
+    see :ref:`resuming-training`.
 
     Examples:
         >>> import torch
@@ -119,9 +199,21 @@ class ReplayBufferDataset(IterableDataset):
     #: that sets it to ``False`` takes the responsibility for such buffers (e.g. warns instead).
     refuse_stateful: bool = True
 
-    def __init__(self, replay_buffer, *, num_batches: int | None = None, transport: str = DEFAULT_TRANSPORT):
+    def __init__(
+        self,
+        replay_buffer,
+        *,
+        num_batches: int | None = None,
+        transport: str = DEFAULT_TRANSPORT,
+        rank: int | None = None,
+        world_size: int | None = None,
+        share_sampler: bool = True,
+    ):
         _check_replay_buffer(replay_buffer)
+        self.share_sampler = _check_share_sampler(share_sampler)
         self.num_batches = _check_num_batches(num_batches)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self._position = ReaderPosition()
         self.transport = check_transport(transport)
         if type(self).draw is ReplayBufferDataset.draw and getattr(replay_buffer, "batch_size", None) is None:
             raise ValueError(
@@ -130,9 +222,12 @@ class ReplayBufferDataset(IterableDataset):
             )
         self.replay_buffer = replay_buffer
         self._seeded_worker: int | None = None
+        self._record_origin()
         storage = replay_buffer.storage
         if hasattr(storage, "share_memory_"):  # a lazy storage then allocates in shared memory at its first write
             storage.share_memory_()
+        if self.share_sampler:
+            _share_stateful_components(replay_buffer)
 
     # -- hooks for subclasses ---------------------------------------------------------------------------------
     def draw(self) -> Any:
@@ -152,10 +247,7 @@ class ReplayBufferDataset(IterableDataset):
         return self.num_batches
 
     def _batches_for_this_process(self) -> int | None:
-        info = get_worker_info()
-        if self.num_batches is None or info is None:
-            return self.num_batches
-        return len(range(info.id, self.num_batches, info.num_workers))
+        return reader_quota(self.num_batches, current_reader(self.rank, self.world_size))
 
     def _prepare_worker_copy(self) -> None:
         """Runs once per worker: refuses stateful buffers, then lets the buffer ready its copy and reseed."""
@@ -167,14 +259,140 @@ class ReplayBufferDataset(IterableDataset):
         self.replay_buffer.prepare_worker_copy(info.seed)
         self._seeded_worker = info.id
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
+        # The reader's position starts its iteration here, not at the first batch: a DataLoader worker calls
+        # iter() when it (re)starts an iteration, and a persistent worker's state taken then (torchdata takes one at
+        # each new iteration) must already be that of the new iteration. See NOTE [ Exact resume of a replay-buffer
+        # DataLoader ] in _loader_state.py.
+        self._check_worker_threads()
         self._prepare_worker_copy()
-        remaining = self._batches_for_this_process()
-        while remaining is None or remaining > 0:
-            for item in self.items(self.draw()):
-                yield prepare_batch(item, self.transport)
-            if remaining is not None:
-                remaining -= 1
+        self._position.begin_epoch(self.replay_buffer, current_reader(self.rank, self.world_size))
+        return self._iterate(self._position)
+
+    def _iterate(self, position: ReaderPosition) -> Iterator[Any]:
+        quota = self._batches_for_this_process()
+        plan = self._planned_draws(position.iterations)  # see NOTE [planned epochs] in samplers/_shared_epoch.py
+        pinned = quota is None and plan is None and self._pin_epoch()  # see NOTE [pinned epochs] there
+        try:
+            while quota is None or position.draws < quota:
+                skip = position.start_draw()
+                try:
+                    with contextlib.nullcontext() if plan is None else plan(position.draws):
+                        drawn = self.draw()
+                except EpochEnded:  # the sampler's epoch ended (in this worker or another): so does this one
+                    return
+                items = list(self.items(drawn))
+                if skip >= len(items):
+                    position.draw_was_empty()
+                for index in range(skip, len(items)):
+                    position.item_yielded(index, len(items))  # before the yield: a state taken now counts it
+                    yield prepare_batch(items[index], self.transport)
+        finally:
+            if pinned:
+                self.replay_buffer.unpin_epoch()
+
+    def _planned_draws(self, iteration: int):
+        """In a DataLoader worker over a sampler that draws by number (``planned_draw``, shared): a function of
+        this worker's draw count giving the context of its next draw, else ``None``.
+
+        Worker ``w`` of ``N`` makes the batches numbered ``w + k * N`` of its rank's iteration (its ``k``-th draw),
+        so the workers of a rank number ``0 .. T - 1`` between them, where ``T`` is the rank's share of
+        ``num_batches`` (``len(range(rank, num_batches, world_size))``, the split of ``_ranks.py``), or one epoch
+        with ``num_batches=None``. The key mixes torch's base seed of the iteration (``seed - id``, the same for
+        its workers, and restored by ``StatefulDataLoader`` on resume) with the reader's ``iteration`` count
+        (persistent workers keep their seed across iterations). Ranks number apart: each rank's buffer holds its
+        own sampler state."""
+        info = get_worker_info()
+        sampler = getattr(self.replay_buffer, "sampler", None)
+        planned_draw = getattr(sampler, "planned_draw", None)
+        if info is None or not callable(planned_draw) or not getattr(sampler, "is_shared", False):
+            return None
+        key, worker, workers = iteration_key(info.seed - info.id, iteration), info.id, info.num_workers
+        total = None if self.num_batches is None else len(range(self.rank, self.num_batches, self.world_size))
+        return lambda draws: planned_draw(key, worker + draws * workers, total)
+
+    def _pin_epoch(self) -> bool:
+        """Pins the buffer's sampler to its epoch in progress, with the readers of this DataLoader iteration
+        (the workers of one iteration share ``seed - id``, torch's base seed of the iteration)."""
+        pin = getattr(self.replay_buffer, "pin_epoch", None)
+        if pin is None or not callable(getattr(self.replay_buffer, "unpin_epoch", None)):
+            return False
+        info = get_worker_info()
+        if info is None:
+            pin(None, 1)
+        else:
+            pin(info.seed - info.id, info.num_workers)
+        return True
+
+    # -- resume (torchdata's StatefulDataLoader protocol) ------------------------------------------------------------
+    def _resume_config(self) -> dict[str, Any]:
+        sampler = getattr(self.replay_buffer, "sampler", None)
+        return {
+            "dataset": type(self).__name__,
+            "num_batches": self.num_batches,
+            "batch_size": getattr(self.replay_buffer, "batch_size", None),
+            "buffer_length": len(self.replay_buffer.storage),
+            "sampler": None if sampler is None else qualname(sampler),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state of the reader iterating this dataset in the calling process (a DataLoader worker, or the
+        main process with ``num_workers=0``): its position in its share of the epoch and its random stream.
+
+        torchdata's :class:`~torchdata.stateful_dataloader.StatefulDataLoader` calls it in each worker after
+        each batch, and :meth:`load_state_dict` in the same worker before a resumed iteration, so that a
+        resumed run yields the same batches as an uninterrupted one. The state holds numbers, strings and
+        ``bytes`` (no tensors, no pickled objects). The buffer's content and its sampler's state are not in
+        it: save them with the buffer (:func:`~torchrl.data.save_training_state` saves both at once). See
+        :ref:`resuming-training`.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(16), batch_size=4)
+            >>> _ = rb.extend(torch.arange(16))
+            >>> ds = rb.as_dataset(num_batches=3)
+            >>> it = iter(ds)
+            >>> _ = next(it)
+            >>> ds.state_dict()["draws"]
+            1
+        """
+        return self._position.state_dict(current_reader(self.rank, self.world_size), self._resume_config())
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores a reader state saved by :meth:`state_dict`; it takes effect when the next iteration starts
+        (the per-worker reseed at worker start does not overwrite it).
+
+        Raises:
+            ValueError: if the state was saved with another number of workers, ranks, batch size,
+                ``num_batches`` or sampler, or with a buffer longer than this one (the message names the
+                difference and what to do). Nothing is changed then.
+        """
+        self._position.load_state_dict(state_dict, current_reader(self.rank, self.world_size), self._resume_config())
+
+    def check_state_dict(
+        self, state_dict: dict[str, Any], *, worker: int | None = None, num_workers: int = 0,
+        buffer_length: int | None = None,
+    ) -> None:
+        """Raises the ``ValueError`` :meth:`load_state_dict` would raise in worker ``worker`` of
+        ``num_workers`` (``None`` and ``0``: the main process), without changing anything. ``buffer_length``
+        replaces the buffer's current length (the length it will have once its checkpoint is loaded).
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(16), batch_size=4)
+            >>> _ = rb.extend(torch.arange(16))
+            >>> state = rb.as_dataset(num_batches=3).state_dict()
+            >>> rb.as_dataset(num_batches=5).check_state_dict(state)
+            Traceback (most recent call last):
+              ...
+            ValueError: Cannot resume this ReplayBufferDataset: the loader state was saved with num_batches 3, and this run has 5. Build the dataset with the saved num_batches: rb.as_dataset(num_batches=...).
+        """
+        config = self._resume_config()
+        if buffer_length is not None:
+            config["buffer_length"] = buffer_length
+        check_reader_state(state_dict, Reader(self.rank, self.world_size, worker, num_workers, None), config)
 
     def __getstate__(self):
         if is_spawning() and self.refuse_stateful and self.replay_buffer.stateful_component() is not None:
@@ -186,5 +404,6 @@ class ReplayBufferDataset(IterableDataset):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(replay_buffer={type(self.replay_buffer).__name__}, "
-            f"num_batches={self.num_batches}, transport={self.transport!r})"
+            f"num_batches={self.num_batches}, transport={self.transport!r}"
+            + (f", rank={self.rank}, world_size={self.world_size})" if self.world_size > 1 else ")")
         )

@@ -1,15 +1,20 @@
 """Samplers: how a replay buffer picks the indices of a batch."""
 
-from torchrl.data.replay_buffers.samplers.base import Sampler
+from torchrl.data.replay_buffers.samplers.base import EpochEnded, Sampler
+from torchrl.data.replay_buffers.samplers.consuming import ConsumingSampler
 from torchrl.data.replay_buffers.samplers.ensemble import SamplerEnsemble
 from torchrl.data.replay_buffers.samplers.prioritized import PrioritizedSampler
 from torchrl.data.replay_buffers.samplers.prioritized_slice import PrioritizedSliceSampler
+from torchrl.data.replay_buffers.samplers.prompt_group import PromptGroupSampler
 from torchrl.data.replay_buffers.samplers.random import RandomSampler, SamplerWithoutReplacement
 from torchrl.data.replay_buffers.samplers.slice import SliceSampler
 from torchrl.data.replay_buffers.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
+from torchrl.data.replay_buffers.samplers.staleness import StalenessAwareSampler
+from torchrl.data.replay_buffers.samplers.streaming_slice import StreamingSliceSampler
 
 __all__ = [
     "Sampler",
+    "EpochEnded",
     "RandomSampler",
     "SamplerWithoutReplacement",
     "SliceSampler",
@@ -17,10 +22,15 @@ __all__ = [
     "SamplerEnsemble",
     "PrioritizedSampler",
     "PrioritizedSliceSampler",
+    "ConsumingSampler",
+    "StalenessAwareSampler",
+    "StreamingSliceSampler",
+    "PromptGroupSampler",
 ]
 
 for _cls in (
     Sampler,
+    EpochEnded,
     RandomSampler,
     SamplerWithoutReplacement,
     SliceSampler,
@@ -28,5 +38,9 @@ for _cls in (
     SamplerEnsemble,
     PrioritizedSampler,
     PrioritizedSliceSampler,
+    ConsumingSampler,
+    StalenessAwareSampler,
+    StreamingSliceSampler,
+    PromptGroupSampler,
 ):
     _cls.__module__ = __name__

@@ -1,13 +1,22 @@
 """Storages: where a replay buffer keeps its data."""
 
+from torchrl.data.replay_buffers._torchrl_names import not_provided_getattr
 from torchrl.data.replay_buffers.storages._registry import _MEMMAP_STORAGE_REGISTRY  # noqa: F401 (TorchRL path)
 from torchrl.data.replay_buffers.storages.base import Storage
+from torchrl.data.replay_buffers.storages.compressed import CompressedListStorage
+from torchrl.data.replay_buffers.storages.dataset_storage import DatasetStorage
 from torchrl.data.replay_buffers.storages.ensemble import StorageEnsemble
 from torchrl.data.replay_buffers.storages.list import ListStorage
 from torchrl.data.replay_buffers.storages.memmap import LazyMemmapStorage
+from torchrl.data.replay_buffers.storages.stack import LazyStackStorage
 from torchrl.data.replay_buffers.storages.tensor import LazyTensorStorage, TensorStorage
 
 __all__ = ["Storage", "ListStorage", "TensorStorage", "LazyTensorStorage", "LazyMemmapStorage", "StorageEnsemble"]
+__all__ += ["LazyStackStorage", "CompressedListStorage"]
+__all__ += ["DatasetStorage"]
 
-for _cls in (Storage, ListStorage, TensorStorage, LazyTensorStorage, LazyMemmapStorage, StorageEnsemble):
+for _cls in (Storage, ListStorage, TensorStorage, LazyTensorStorage, LazyMemmapStorage, StorageEnsemble,
+             LazyStackStorage, CompressedListStorage, DatasetStorage):
     _cls.__module__ = __name__
+
+__getattr__ = not_provided_getattr(__name__, ["StoreStorage"])  # TorchRL's Redis storage: an ImportError that says so
