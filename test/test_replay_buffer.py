@@ -567,3 +567,18 @@ def test_preallocated_tensor_storage_in_a_buffer_samples_written_items_only():
     rb.empty()
     rb.extend(torch.arange(3))
     assert set(rb.sample().tolist()) <= {0, 1, 2}
+
+
+def test_sample_raw_skips_the_transforms_and_keeps_the_info():
+    from tensordict import TensorDict
+
+    from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(16), batch_size=4,
+                                transform=lambda td: td.set("obs", td["obs"] * 0 - 1))
+    rb.extend(TensorDict(obs=torch.arange(16), batch_size=[16]))
+    raw, info = rb.sample_raw(return_info=True)
+    assert bool((raw["obs"] >= 0).all()) and torch.equal(raw["index"], info["index"])
+    assert bool((rb.sample()["obs"] == -1).all())
+    with pytest.raises(ValueError, match="batch_size"):
+        rb.sample_raw(0)

@@ -401,6 +401,23 @@ class ReplayBuffer(BufferStateMixin, BufferCompatMixin, HFExchangeMixin, WorkerH
             data, info = self._sample(bs)
         return (data, info) if return_info else data
 
+    def sample_raw(self, batch_size: int | None = None, return_info: bool = False):
+        """:meth:`sample` without the forward transforms (and without the prefetch queue), for a reader that
+        runs the transforms itself: a :class:`~torchrl.data.RayReplayBuffer` actor sends raw batches to
+        DataLoader workers, which transform them. Takes the buffer's locks as :meth:`sample` does, so it is
+        safe from several threads.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=4, transform=lambda x: x * 10)
+            >>> _ = rb.extend(torch.arange(10))
+            >>> bool((rb.sample_raw() < 10).all()), bool((rb.sample() % 10 == 0).all())
+            (True, True)
+        """
+        data, info = self._sample(self._resolve_batch_size(batch_size), transform=False)
+        return (data, info) if return_info else data
+
     def _sample_prefetched(self, bs: int):
         with self._futures_lock:  # see NOTE [prefetch epochs] in _prefetch_order
             queue = self._prefetch_queue
@@ -418,7 +435,7 @@ class ReplayBuffer(BufferStateMixin, BufferCompatMixin, HFExchangeMixin, WorkerH
         self._epoch_ended = ended
         return result
 
-    def _sample(self, batch_size: int):
+    def _sample(self, batch_size: int, transform: bool = True):
         turn = current_turn()  # a prefetch task: draw after the task submitted before it
         if turn is not None:
             turn.wait_previous()
@@ -439,7 +456,7 @@ class ReplayBuffer(BufferStateMixin, BufferCompatMixin, HFExchangeMixin, WorkerH
             data = self._storage.get(index) if unit is None else unit.read(self._storage, index)
         if not isinstance(index, int):
             data = self._collate_fn(data)
-        if len(self._transform):
+        if transform and len(self._transform):
             data = self._transform(data)
         if self._pin_memory and torch.cuda.is_available() and hasattr(data, "pin_memory"):
             data = data.pin_memory()

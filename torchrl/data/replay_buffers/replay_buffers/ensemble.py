@@ -174,7 +174,7 @@ class ReplayBufferEnsemble(ReplayBuffer):
         )
 
     # -- reads -----------------------------------------------------------------------------------------------
-    def _sample(self, batch_size: int):
+    def _sample(self, batch_size: int, transform: bool = True):
         with contextlib.ExitStack() as locks:
             locks.enter_context(self._replay_lock)
             for rb in self._rbs:  # members may be written from other threads while we read them
@@ -199,7 +199,7 @@ class ReplayBufferEnsemble(ReplayBuffer):
                 data = _with_entries(data, entries)
             chunks.append(data)
         data = self._collate_fn(chunks)
-        if len(self._transform):
+        if transform and len(self._transform):
             data = self._transform(data)
         info["index"] = index
         return data, info

@@ -152,8 +152,8 @@ class TensorDictReplayBuffer(ReplayBuffer):
             priority = reduce_priority(priority, self._sampler.reduction, batch_dims=batch_dims)
         self.update_priority(index, priority)
 
-    def _sample(self, batch_size: int):
-        data, info = super()._sample(batch_size)
+    def _sample(self, batch_size: int, transform: bool = True):
+        data, info = super()._sample(batch_size, transform)
         if isinstance(data, TensorDictBase):
             locked = data.is_locked
             if locked:
