@@ -11,6 +11,7 @@ imports this light module to unpickle them.
 from __future__ import annotations
 
 import gc
+import math
 import os
 import time
 
@@ -398,3 +399,14 @@ def assert_checkpoint_round_trip(component, make_fresh, tmp_path, *, draws: int 
 def child_set_priority(rb, index: int, priority: float) -> None:
     """Sets one priority of a shared prioritized buffer from another process."""
     rb.update_priority(torch.tensor([index]), torch.tensor([priority]))
+
+
+# -- statistics ----------------------------------------------------------------------------------------------
+def chi2(counts: torch.Tensor, p: torch.Tensor) -> float:
+    expected = p * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def chi2_crit(df: int, z: float = 3.29) -> float:
+    """The chi-square quantile at p ~ 0.9995 (Wilson-Hilferty; scipy is not a dependency)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3

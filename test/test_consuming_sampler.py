@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import pickle
 
 import pytest
 import torch
-from _helpers import assert_checkpoint_round_trip, assert_same_state
+from _helpers import assert_checkpoint_round_trip, assert_same_state, chi2, chi2_crit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
@@ -34,14 +33,6 @@ from torchrl.data.replay_buffers.samplers.consuming import distinct_positions
 TIMEOUT = 60
 
 
-def chi2(counts: torch.Tensor, p: torch.Tensor) -> float:
-    expected = p * counts.sum()
-    return float(((counts - expected) ** 2 / expected).sum())
-
-
-def chi2_crit(df: int, z: float = 3.29) -> float:
-    """The chi-square quantile at p ~ 0.9995 (Wilson-Hilferty; scipy is not a dependency)."""
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
 def consuming_rb(capacity=8, n=None, max_sample_count=1, batch_size=3, seed=0, storage=None, **kwargs):

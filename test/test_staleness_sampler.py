@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import math
 import pickle
 
 import pytest
 import torch
-from _helpers import assert_checkpoint_round_trip, assert_same_state
+from _helpers import assert_checkpoint_round_trip, assert_same_state, chi2, chi2_crit
 from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
@@ -25,14 +24,6 @@ from torchrl.data.replay_buffers.scheduler import StepScheduler
 TIMEOUT = 60
 
 
-def chi2(counts: torch.Tensor, p: torch.Tensor) -> float:
-    expected = p * counts.sum()
-    return float(((counts - expected) ** 2 / expected).sum())
-
-
-def chi2_crit(df: int, z: float = 3.29) -> float:
-    """The chi-square quantile at p ~ 0.9995 (Wilson-Hilferty; scipy is not a dependency)."""
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
 def fresh_only(staleness: torch.Tensor) -> torch.Tensor:
