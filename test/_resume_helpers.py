@@ -17,6 +17,7 @@ from tensordict import TensorDict
 from torchrl.data import (
     LazyMemmapStorage,
     LazyTensorStorage,
+    PrioritizedSampler,
     RandomSampler,
     ReplayBuffer,
     SamplerWithoutReplacement,
@@ -35,11 +36,18 @@ def add_noise(td):
     return td.set("noise", torch.rand(td.shape))
 
 
+_SAMPLERS = {
+    "random": RandomSampler,
+    "without_replacement": SamplerWithoutReplacement,
+    "prioritized": lambda: PrioritizedSampler(ITEMS, alpha=0.7, beta=0.5),
+}
+
+
 def make_buffer(sampler: str, *, fill: bool = True, generator: bool = False, scratch_dir=None) -> ReplayBuffer:
     storage = LazyTensorStorage(ITEMS) if scratch_dir is None else LazyMemmapStorage(ITEMS, scratch_dir=scratch_dir)
     rb = ReplayBuffer(
         storage=storage,
-        sampler=RandomSampler() if sampler == "random" else SamplerWithoutReplacement(),
+        sampler=_SAMPLERS[sampler](),
         batch_size=BATCH,
         generator=torch.Generator().manual_seed(3) if generator else None,
     )
@@ -76,15 +84,18 @@ def _record(batch) -> torch.Tensor:
     return torch.stack([batch["obs"].to(torch.float64), batch["noise"].to(torch.float64)], -1)
 
 
-def consume(loader, total: int, done: int = 0, stop: int | None = None, on_stop=None) -> list[torch.Tensor]:
+def consume(loader, total: int, done: int = 0, stop: int | None = None, on_stop=None, rb=None) -> list[torch.Tensor]:
     """Batches ``done + 1 .. total`` of a run (epoch after epoch), one training step each; at ``stop``
-    (a global step), calls ``on_stop()`` and returns."""
+    (a global step), calls ``on_stop()`` and returns. With ``rb`` (a prioritized buffer), each step sets new
+    priorities on the batch's items (``obs`` is the storage index), as a learner does."""
     out = []
     while done < total:
         for batch in loader:
             out.append(_record(batch))
             done += 1
             torch.rand(3)  # the training step's own random draws (dropout, exploration...)
+            if rb is not None:
+                rb.update_priority(batch["obs"], (batch["obs"] % 5 + 1 + done).to(torch.float32))
             if done == stop:
                 on_stop()
                 return out
@@ -93,10 +104,14 @@ def consume(loader, total: int, done: int = 0, stop: int | None = None, on_stop=
     return out
 
 
+def _prioritized(cfg: dict, rb):
+    return rb if cfg["sampler"] == "prioritized" else None
+
+
 def uninterrupted_run(cfg: dict) -> list[torch.Tensor]:
     torch.manual_seed(0)
     rb = make_buffer(cfg["sampler"], generator=cfg.get("generator", False))
-    return consume(_rb_loader(cfg, rb), cfg["total"])
+    return consume(_rb_loader(cfg, rb), cfg["total"], rb=_prioritized(cfg, rb))
 
 
 def first_half(cfg: dict, path: str) -> list[torch.Tensor]:
@@ -107,7 +122,7 @@ def first_half(cfg: dict, path: str) -> list[torch.Tensor]:
     def save():
         save_training_state(path, rb=rb, loader=loader, extra={"step": cfg["stop"]}, fsync=False)
 
-    return consume(loader, cfg["total"], stop=cfg["stop"], on_stop=save)
+    return consume(loader, cfg["total"], stop=cfg["stop"], on_stop=save, rb=_prioritized(cfg, rb))
 
 
 def second_half(cfg: dict, path: str, out: str) -> None:
@@ -121,7 +136,7 @@ def second_half(cfg: dict, path: str, out: str) -> None:
         load_training_state(path, rb=rb)
         loader = _rb_loader(cfg, rb)
         extra = load_training_state(path, loader=loader)
-    batches = consume(loader, cfg["total"], done=extra["step"])
+    batches = consume(loader, cfg["total"], done=extra["step"], rb=_prioritized(cfg, rb))
     torch.save(batches, out)
 
 

@@ -69,6 +69,7 @@ def _resume_matches(tmp_path, cfg):
 GRID = [
     (0, None, "random"),
     (0, None, "without_replacement"),
+    (0, None, "prioritized"),  # with workers it cannot be exact: see test_save_warns_for_prioritized_sampling...
     (1, "fork", "random"),
     (2, "fork", "random"),
     (1, "spawn", "random"),
