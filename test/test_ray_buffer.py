@@ -498,3 +498,12 @@ def test_a_failed_call_drops_the_calls_in_flight_and_the_next_iteration_recovers
     assert ds.replay_buffer.in_flight == 0  # the calls sent with the failed one are dropped, not raised later
     rb.extend(td(0, 10))
     assert [b.batch_size for b in ds] == [(4,)] * 4
+
+
+@pytest.mark.timeout(90)
+def test_an_actor_that_cannot_start_raises_naming_the_resources(monkeypatch):
+    import torchrl.data.replay_buffers.ray_buffer as ray_buffer
+
+    monkeypatch.setattr(ray_buffer, "ACTOR_START_TIMEOUT", 3.0)
+    with pytest.raises(RuntimeError, match=r"did not start within 3 s.*remote_config=\{'num_cpus': 64"):
+        RayReplayBuffer(storage=functools.partial(LazyTensorStorage, 10), remote_config={"num_cpus": 64})

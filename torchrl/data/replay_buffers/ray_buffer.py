@@ -41,6 +41,8 @@ __all__ = ["RayReplayBuffer", "RayReplayBufferClient"]
 DEFAULT_RAY_INIT_CONFIG: dict[str, Any] = {"include_dashboard": False}
 #: Options of the actor (``ray.remote(**remote_config)``; ``remote_config`` overrides them).
 DEFAULT_REMOTE_CONFIG: dict[str, Any] = {"num_cpus": 1}
+#: Seconds the constructor waits for the actor to start (it waits for free resources on the cluster first).
+ACTOR_START_TIMEOUT: float = 300.0
 
 
 def _to_cpu(value):
@@ -386,7 +388,15 @@ class RayReplayBuffer(RayReplayBufferClient):
                 replay_buffer_cls, args, kwargs
             )
             try:
-                buffer_class = ray.get(handle.ready.remote())
+                buffer_class = ray.get(handle.ready.remote(), timeout=ACTOR_START_TIMEOUT)
+            except ray.exceptions.GetTimeoutError:
+                ray.kill(handle, no_restart=True)
+                raise RuntimeError(
+                    f"The actor {name!r} of RayReplayBuffer did not start within {ACTOR_START_TIMEOUT:g} s: the "
+                    f"cluster has no free resources for remote_config={remote_config} (ray.available_resources()"
+                    f" = {ray.available_resources()}). Free CPUs (fewer concurrent actors or tasks), or ask for "
+                    f"less, e.g. remote_config={{'num_cpus': 0}}."
+                ) from None
             except ray.exceptions.RayTaskError as err:  # the buffer's constructor raised: raise its error here
                 ray.kill(handle, no_restart=True)
                 if isinstance(err.cause, Exception):
