@@ -107,13 +107,16 @@ def rate_loader(rb, workers: int, seconds: float, transport: str = "ring") -> fl
     it = iter(loader)
     for _ in range(max(2, 2 * workers)):  # warm up: workers started and queues full
         next(it)
+    return _rate(it, seconds)
+
+
+def _rate(it, seconds: float) -> float:
+    """Items per second drawn from the (warmed-up) iterator ``it`` for ``seconds``."""
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         next(it)
         n += 1
-    elapsed = time.perf_counter() - start
-    del it
-    return n / elapsed
+    return n / (time.perf_counter() - start)
 
 
 class _PerItem(Dataset):
@@ -254,13 +257,7 @@ def rate_grid_cell(rb, workers: int, threads: int, method: str | None, seconds: 
             del it, loader
             gc.collect()
             return None
-        n, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            next(it)
-            n += 1
-        elapsed = time.perf_counter() - start
-        del it
-        return n / elapsed
+        return _rate(it, seconds)
     finally:
         torch.set_num_threads(previous)
 
