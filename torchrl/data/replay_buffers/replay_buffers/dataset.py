@@ -24,6 +24,8 @@ them (a buffer hosted elsewhere, a user's own buffer) can be read the same way:
 from __future__ import annotations
 
 import contextlib
+import inspect
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -105,6 +107,43 @@ def _share_stateful_components(replay_buffer) -> None:
         stateful = replay_buffer.stateful_component()
 
 
+def _loader_collates_items(max_depth: int = 4) -> bool:
+    """Whether the DataLoader iterating this dataset collates several of its items into one (``batch_size`` not
+    ``None``), read from the fetcher that calls ``iter(dataset)``.
+
+    NOTE [batched batches]: an iterable dataset is not told the DataLoader's ``batch_size``. torch (and
+    torchdata's ``StatefulDataLoader``, which reuses it) calls ``iter(dataset)`` from the ``__init__`` of its
+    ``_IterableDatasetFetcher``, in the main process (``num_workers=0``) and in each worker, after that fetcher
+    has recorded ``auto_collation`` (``batch_size is not None``). We look for that frame a few levels up; if a
+    later torch calls ``iter`` elsewhere, nothing is found and the warning is simply not given.
+    """
+    here = inspect.currentframe()
+    frame = None if here is None or here.f_back is None else here.f_back.f_back
+    for _ in range(max_depth):
+        if frame is None:
+            return False
+        owner = frame.f_locals.get("self") if frame.f_code.co_name == "__init__" else None
+        if owner is not None and type(owner).__name__ == "_IterableDatasetFetcher":
+            return bool(getattr(owner, "auto_collation", False))
+        frame = frame.f_back
+    return False
+
+
+def _warn_batched_batches(dataset) -> None:
+    """Warns once per dataset when a DataLoader with a ``batch_size`` stacks its batches (``[1, B]``, ...)."""
+    if getattr(dataset, "_warned_batched", False) or not _loader_collates_items():
+        return
+    dataset._warned_batched = True
+    warnings.warn(
+        f"{type(dataset).__name__} yields whole batches (one rb.sample() each) but the DataLoader was built "
+        f"with a batch_size (torch's default is 1), so it stacks them: each batch comes out as "
+        f"[loader batch_size, buffer batch_size] (e.g. [1, B]). Pass DataLoader(..., batch_size=None, "
+        f"collate_fn=tensordict_collate) to get the buffer's batches as they are.",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
 def _check_share_sampler(share_sampler) -> bool:
     return check_bool(
         "share_sampler", share_sampler,
@@ -122,7 +161,10 @@ class ReplayBufferDataset(ForkThreadGuard, IterableDataset):
         DataLoader(rb.as_dataset(num_batches=1000), batch_size=None, num_workers=2,
                    collate_fn=tensordict_collate)
 
-    Without that ``collate_fn``, torch passes each TensorDict batch to ``default_convert``, which fails.
+    Without that ``collate_fn``, torch passes each TensorDict batch to ``default_convert``, which fails. With a
+    loader ``batch_size`` (torch's default is 1) the loader stacks the batches into ``[batch_size, B]``: the
+    dataset then warns once per process that iterates it (see NOTE [batched batches]), unless a subclass
+    overrides :meth:`items` (its items may be single items that the loader is meant to batch).
 
     Workers: each worker holds a copy of the buffer object over the same storage content. At its first
     iteration in a worker, the dataset calls ``replay_buffer.prepare_worker_copy(get_worker_info().seed)``
@@ -222,6 +264,7 @@ class ReplayBufferDataset(ForkThreadGuard, IterableDataset):
             )
         self.replay_buffer = replay_buffer
         self._seeded_worker: int | None = None
+        self._warned_batched = False
         self._record_origin()
         storage = replay_buffer.storage
         if hasattr(storage, "share_memory_"):  # a lazy storage then allocates in shared memory at its first write
@@ -265,6 +308,8 @@ class ReplayBufferDataset(ForkThreadGuard, IterableDataset):
         # each new iteration) must already be that of the new iteration. See NOTE [ Exact resume of a replay-buffer
         # DataLoader ] in _loader_state.py.
         self._check_worker_threads()
+        if type(self).items is ReplayBufferDataset.items:  # items are batches: see NOTE [batched batches]
+            _warn_batched_batches(self)
         self._prepare_worker_copy()
         self._position.begin_epoch(self.replay_buffer, current_reader(self.rank, self.world_size))
         return self._iterate(self._position)
