@@ -19,7 +19,7 @@ def check_members(kind: str, members: Sequence, cls: type) -> list:
     if not members:
         raise ValueError(f"A {kind} needs at least one member {cls.__name__}; got none.")
     for i, member in enumerate(members):
-        if not isinstance(member, cls):
+        if not issubclass(type(member), cls):  # a proxy that passes isinstance (a Ray client) is not one
             raise TypeError(
                 f"Member {i} of a {kind} must be a {cls.__name__}, got {type(member).__name__}. Pass "
                 f"{cls.__name__} instances as positional arguments."

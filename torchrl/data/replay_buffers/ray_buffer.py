@@ -34,6 +34,10 @@ from torchrl.data.replay_buffers._ray_wire import decode, decode_all
 from torchrl.data.replay_buffers._worker_transport import DEFAULT_TRANSPORT
 from torchrl.data.replay_buffers.ray_dataset import RayReplayBufferDataset
 from torchrl.data.replay_buffers.replay_buffers import ReplayBuffer
+from torchrl.data.replay_buffers.replay_buffers._service_backend import (
+    check_service_options,
+    register_service_backend,
+)
 
 __all__ = ["RayReplayBuffer", "RayReplayBufferClient"]
 
@@ -100,8 +104,12 @@ class RayReplayBufferClient:
         >>> rb.close()
     """
 
+    #: The class of the hosted buffer: ``isinstance(client, cls)`` is ``True`` for its base classes (TorchRL's name).
+    _service_cls: type | None = None
+
     def __init__(self, actor_name: str, namespace: str | None, address: str | None, *, to_cpu: bool = True,
-                 buffer_class: str = "ReplayBuffer", handle=None) -> None:
+                 buffer_class: str = "ReplayBuffer", service_cls: type | None = None, handle=None) -> None:
+        self._service_cls = service_cls
         self._actor_name = actor_name
         self._namespace = namespace
         self._address = address
@@ -128,13 +136,23 @@ class RayReplayBufferClient:
 
     def _identity(self) -> dict:
         return {"actor_name": self._actor_name, "namespace": self._namespace, "address": self._address,
-                "to_cpu": self._to_cpu, "buffer_class": self._buffer_class}
+                "to_cpu": self._to_cpu, "buffer_class": self._buffer_class, "service_cls": self._service_cls}
 
     def __reduce__(self):
         return (_rebuild_client, (self._identity(),))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(actor={self._actor_name!r}, buffer={self._buffer_class})"
+
+    @property
+    def service_backend(self) -> str:
+        """``"ray"``: the buffer lives in a Ray actor (``"direct"`` on a buffer of this process)."""
+        return "ray"
+
+    @property
+    def transport_kind(self) -> str:
+        """``"ray"``: calls go through Ray (the only transport here)."""
+        return "ray"
 
     # -- remote calls --------------------------------------------------------------------------------------------
     def _actor(self):
@@ -312,6 +330,11 @@ class RayReplayBuffer(RayReplayBufferClient):
     actor: :meth:`close` kills it. Hand :meth:`client` / :meth:`clients` to collectors and learners; pickling
     this object also gives a client.
 
+    ``replay_buffer_cls(..., service_backend="ray", service_backend_options={"ray_init_config": ...,
+    "remote_config": ...})`` builds one too, as in TorchRL. The buffer and its clients pass for the hosted
+    class: ``isinstance(rb, ReplayBuffer)`` is ``True``, and so is ``isinstance(rb, TensorDictReplayBuffer)``
+    when it hosts that class (``issubclass(RayReplayBuffer, ReplayBuffer)`` stays ``False``).
+
     Ray is started with ``ray.init(**ray_init_config)`` only if it is not initialized in this process, and
     :meth:`close` shuts it down only if this object (or another buffer of this process) started it and no other
     buffer still uses it.
@@ -409,10 +432,15 @@ class RayReplayBuffer(RayReplayBufferClient):
             RuntimeLease.release(ray)
             raise
         super().__init__(name, namespace, ray.get_runtime_context().gcs_address,
-                         to_cpu=not remote_config.get("num_gpus"), buffer_class=buffer_class, handle=handle)
+                         to_cpu=not remote_config.get("num_gpus"), buffer_class=buffer_class,
+                         service_cls=replay_buffer_cls, handle=handle)
         self._closed = False
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
+    def start(self) -> RayReplayBuffer:
+        """Returns this buffer: its actor is started by the constructor (TorchRL's service API)."""
+        return self
+
     def client(self) -> RayReplayBufferClient:
         """A picklable handle on the actor's buffer, without lifecycle rights (it cannot close the buffer)."""
         return RayReplayBufferClient(**self._identity(), handle=self._handle)
@@ -491,3 +519,38 @@ class RayReplayBuffer(RayReplayBufferClient):
             )
         return RayReplayBufferDataset(self.client(), num_batches=num_batches, transport=transport,
                                       prefetch=prefetch, batches_per_call=batches_per_call)
+
+
+#: The keywords of :class:`RayReplayBuffer` that ``service_backend_options`` may hold.
+RAY_SERVICE_OPTIONS = ("ray_init_config", "remote_config", "transport")
+
+
+def _ray_service(cls: type, args: tuple, kwargs: dict, *, options, transport, transport_options) -> RayReplayBuffer:
+    """``cls(*args, service_backend="ray", **kwargs)``: a :class:`RayReplayBuffer` whose actor hosts a ``cls``."""
+    options = check_service_options("ray", options, RAY_SERVICE_OPTIONS)
+    if transport_options:  # None or {}: nothing to configure
+        raise ValueError(
+            f"`transport_options`={transport_options!r} configure TorchRL's transport='distributed' (tensor "
+            f"channels), which is not implemented here: calls go through Ray. Leave `transport_options` out."
+        )
+    if "transport" in options and transport not in ("auto", options["transport"]):
+        raise ValueError(
+            f"`transport`={transport!r} contradicts service_backend_options['transport']="
+            f"{options['transport']!r}: pass one of them."
+        )
+    options.setdefault("transport", transport)
+    both = sorted(options.keys() & kwargs.keys())
+    if both:
+        raise TypeError(f"{', '.join(map(repr, both))} passed both to the buffer and in `service_backend_options`: "
+                        f"pass each once.")
+    try:
+        check_constructors(kwargs)
+    except TypeError as err:
+        raise TypeError(
+            f'{cls.__name__}(..., service_backend="ray") builds the buffer in a Ray actor (a RayReplayBuffer): '
+            f"{err}"
+        ) from None
+    return RayReplayBuffer(*args, replay_buffer_cls=cls, **options, **kwargs)
+
+
+register_service_backend("ray", _ray_service)

@@ -101,9 +101,10 @@ class TorchRLBufferDataset(ReplayBufferDataset):
 
     def __init__(self, replay_buffer: ReplayBuffer, batch_size: int, *, keys=None, device=None,
                  num_batches: int | None = 1):
-        if not isinstance(replay_buffer, ReplayBuffer):
+        if not issubclass(type(replay_buffer), ReplayBuffer):  # a RayReplayBuffer passes isinstance only
             raise TypeError(
-                f"`replay_buffer` must be a torchrl ReplayBuffer, got {type(replay_buffer).__name__}."
+                f"`replay_buffer` must be a torchrl ReplayBuffer in this process, got {type(replay_buffer).__name__}"
+                f" (a RayReplayBuffer is read through rb.as_dataset())."
             )
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
             raise ValueError(f"`batch_size` must be a positive integer, got {batch_size!r}.")

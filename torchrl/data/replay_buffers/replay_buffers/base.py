@@ -37,6 +37,10 @@ from torchrl.data.replay_buffers.replay_buffers._compat import (
 )
 from torchrl.data.replay_buffers.replay_buffers._hf_methods import HFExchangeMixin
 from torchrl.data.replay_buffers.replay_buffers._prefetch_order import current_turn, submit_in_order
+from torchrl.data.replay_buffers.replay_buffers._service_backend import (
+    ServiceBackendMeta,
+    ServiceMethodsMixin,
+)
 from torchrl.data.replay_buffers.replay_buffers._worker_hooks import WorkerHooksMixin
 from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
 from torchrl.data.replay_buffers.storages import ListStorage, Storage, TensorStorage
@@ -54,7 +58,10 @@ def _check_component(name: str, value, cls: type):
     return value
 
 
-class ReplayBuffer(BufferStateMixin, BufferCompatMixin, HFExchangeMixin, WorkerHooksMixin):
+class ReplayBuffer(
+    BufferStateMixin, BufferCompatMixin, HFExchangeMixin, WorkerHooksMixin, ServiceMethodsMixin,
+    metaclass=ServiceBackendMeta,
+):
     """A replay buffer: writes go through a writer into a storage; samples are drawn by a sampler.
 
     Keyword Args:
@@ -96,6 +103,16 @@ class ReplayBuffer(BufferStateMixin, BufferCompatMixin, HFExchangeMixin, WorkerH
         checkpointer (StorageCheckpointerBase, optional): the storage's checkpointer, i.e. the layout that
             :meth:`dumps` writes for the storage (e.g. :class:`~torchrl.data.FlatStorageCheckpointer`); set as
             ``storage.checkpointer``. Defaults to ``None`` (the storage's own).
+        service_backend (str): where the buffer runs, read before ``__init__`` by every buffer class (as in
+            TorchRL): ``"direct"`` (this process) or ``"ray"``, which returns a
+            :class:`~torchrl.data.RayReplayBuffer` whose actor hosts this class (components then passed as
+            constructors; see :ref:`distributed-replay`). Defaults to ``"direct"``.
+        service_backend_options (dict, optional): the service's keywords (``ray_init_config``,
+            ``remote_config`` for ``"ray"``). Defaults to ``None``.
+        transport (str): how calls reach the buffer: ``"auto"`` or ``"direct"`` for a direct buffer,
+            ``"auto"`` or ``"ray"`` for a Ray one. Defaults to ``"auto"``.
+        transport_options (dict, optional): refused (no transport here takes options). Defaults to ``None``.
+        use_ray_service (bool, optional): deprecated (warns): ``True`` means ``service_backend="ray"``.
 
     Examples:
         >>> import torch
