@@ -5,6 +5,7 @@ Usage::
 
     python benchmarks/hf_exchange.py                          # 1 GiB of core transitions, 3 rounds
     python benchmarks/hf_exchange.py --size-mb 64 --rounds 2  # a quick look
+    python benchmarks/hf_exchange.py --only import            # only the import rows
     python benchmarks/hf_exchange.py --rss-gb 4               # only: peak RSS of exporting a 4 GiB memmap buffer
 
 The data is core transition data in TED layout (observation and next observation of 64 float32, an action of 8
@@ -74,7 +75,7 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def bench(size: int, rounds: int, workdir: str) -> tuple[list, int]:
+def bench(size: int, rounds: int, workdir: str, only: str | None = None) -> tuple[list, int]:
     import datasets
 
     data = transitions(size)
@@ -106,6 +107,13 @@ def bench(size: int, rounds: int, workdir: str) -> tuple[list, int]:
     }
     cases = [("export vs datasets", "export", "datasets"), ("export vs rb.dumps", "export", "rb.dumps"),
              ("import vs rb.loads", "import", "rb.loads"), ("import vs datasets numpy", "import", "datasets numpy")]
+
+    if only is not None:  # the rows whose name holds `only`, and only their sides
+        cases = [case for case in cases if only in case[0]]
+        if not cases:
+            raise SystemExit(f"--only {only!r} matches no row; the rows are: export vs datasets, export vs "
+                             f"rb.dumps, import vs rb.loads, import vs datasets numpy.")
+        sides = {name: fn for name, fn in sides.items() if any(name in case[1:] for case in cases)}
 
     def once(name: str) -> float:
         elapsed = _timed(sides[name])
@@ -171,6 +179,8 @@ def main(argv=None) -> None:
     parser.add_argument("--size-mb", type=int, default=1024, help="MiB of transition data (default 1024)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--dir", default=None, help="where files go (default: the system temp dir)")
+    parser.add_argument("--only", default=None,
+                        help="only the rows whose name contains this text, e.g. --only import")
     parser.add_argument("--rss-gb", type=float, default=None,
                         help="only measure the peak RSS of exporting a LazyMemmapStorage buffer of this many GiB")
     parser.add_argument("--rss-child", nargs=2, help=argparse.SUPPRESS)
@@ -198,7 +208,7 @@ def main(argv=None) -> None:
         parser.error(f"`--size-mb` and `--rounds` must be positive; got {args.size_mb} and {args.rounds}.")
     workdir = tempfile.mkdtemp(prefix="hf-bench-", dir=args.dir)
     try:
-        rows, nbytes = bench(args.size_mb << 20, args.rounds, workdir)
+        rows, nbytes = bench(args.size_mb << 20, args.rounds, workdir, args.only)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"\n{nbytes / 2**20:.0f} MiB of transitions, {args.rounds} rounds, in {args.dir or tempfile.gettempdir()}")

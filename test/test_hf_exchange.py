@@ -23,6 +23,7 @@ from torchrl.data import (  # noqa: E402
     SliceSampler,
 )
 from torchrl.data.replay_buffers._hf_columns import MARKER, METADATA_FILE  # noqa: E402
+from torchrl.data.replay_buffers._hf_import import HFReader, chunk_rows_for  # noqa: E402
 from torchrl.data.replay_buffers.hf_exchange import import_hf  # noqa: E402
 
 pytestmark = pytest.mark.extras
@@ -519,3 +520,64 @@ def test_a_crash_during_export_leaves_the_previous_export_readable(tmp_path, ste
     rb.export_hf(path)  # the next export recovers: the stale directories go, the export is replaced
     assert sorted(os.listdir(tmp_path)) == ["export"]
     assert torch.equal(ReplayBuffer.from_hf(path)[:]["obs"], rb[:]["obs"])
+
+
+@pytest.mark.parametrize("storage", ["tensor", "memmap", "list"])
+def test_imported_rows_own_their_memory(tmp_path, storage):
+    """An import into a tensor storage reads the dataset's memory-mapped Arrow buffers without copying them
+    first; what the buffer holds must still be its own (writable, the dataset unchanged), whatever the storage."""
+    data = TensorDict(obs=torch.arange(24, dtype=torch.float32).view(8, 3), done=torch.zeros(8, 1, dtype=torch.bool),
+                      batch_size=[8])  # fmt: skip
+    src = ReplayBuffer(storage=LazyTensorStorage(8))
+    src.extend(data)
+    path = str(tmp_path / "export")
+    src.export_hf(path)
+    target = {"tensor": LazyTensorStorage(8), "memmap": LazyMemmapStorage(8), "list": ListStorage(8)}[storage]
+    rb = ReplayBuffer.from_hf(path, storage=target)
+    for i in range(8):
+        item = rb[i]
+        item["obs"].add_(100)  # a view of a read-only mapping would crash the process here
+        item["done"].fill_(True)
+    if storage != "list":  # a tensor storage returns copies: write through the buffer
+        rb[torch.arange(8)] = TensorDict(obs=data["obs"] + 100, done=~data["done"], batch_size=[8])
+    assert (rb[:]["obs"] == data["obs"] + 100).all() and rb[:]["done"].all()
+    assert torch.equal(ReplayBuffer.from_hf(path, storage=LazyTensorStorage(8))[:]["obs"], data["obs"])
+
+
+def test_import_through_an_inverse_transform_gets_writable_rows(tmp_path):
+    from torchrl.envs.transforms import Transform
+
+    class AddInPlace(Transform):
+        """An inverse transform that works in place on what is written."""
+
+        def inv(self, td):
+            td["obs"].add_(1)  # on a view of a read-only mapping, this would crash the process
+            return td
+
+    src = ReplayBuffer(storage=LazyTensorStorage(4))
+    src.extend(TensorDict(obs=torch.zeros(4, 2), batch_size=[4]))
+    path = str(tmp_path / "export")
+    src.export_hf(path)
+    rb = ReplayBuffer(storage=LazyTensorStorage(4), transform=AddInPlace())
+    rb.extend_from_hf(path)
+    assert (rb.storage[:]["obs"] == 1).all()
+
+
+def test_import_cuts_chunks_at_shard_boundaries_and_stays_exact(tmp_path):
+    """Each shard of an export is one Arrow chunk: an import chunk that straddles two shards is cut there (its
+    columns are then converted without being concatenated), and the rows come back in order, bit for bit."""
+    src = ReplayBuffer(storage=LazyTensorStorage(50))
+    data = TensorDict(obs=torch.randn(50, 3), done=torch.rand(50, 1) > 0.5, batch_size=[50])
+    src.extend(data)
+    path = str(tmp_path / "export")
+    ds = src.export_hf(path, shard_bytes=200, chunk_bytes=100)  # 13 bytes a row: shards of about 15 rows
+    shard_rows = [len(chunk) for chunk in ds.data.column("obs").chunks]
+    assert len(shard_rows) > 2
+    rows = chunk_rows_for(HFReader(path), 13 * 20)
+    assert 1 < rows < 50 and all(r % rows for r in torch.tensor(shard_rows).cumsum(0).tolist()[:-1])
+    sizes = [chunk.batch_size[0] for chunk in import_hf(path, chunk_bytes=13 * 20)]
+    expected = set(torch.tensor(shard_rows).cumsum(0).tolist()) | set(range(rows, 50, rows)) | {50}
+    assert set(torch.tensor(sizes).cumsum(0).tolist()) == expected  # chunk ends and shard ends, nothing else
+    for storage in (LazyTensorStorage(50), LazyMemmapStorage(50)):
+        copy = ReplayBuffer.from_hf(path, storage=storage, chunk_bytes=13 * 20)
+        assert torch.equal(copy[:]["obs"], data["obs"]) and torch.equal(copy[:]["done"], data["done"])

@@ -356,3 +356,20 @@ def test_get_entry_is_a_view_of_one_entry_or_none(storage):
     assert s.get_entry("missing") is None and s.get_entry(("next", "missing")) is None
     assert filled_storage(storage, "tensor").get_entry("obs") is None  # plain tensors hold no entries
     assert LazyTensorStorage(3).get_entry("obs") is None  # nothing written yet
+
+
+def test_advise_huge_pages_only_on_private_cpu_memory_and_keeps_the_content():
+    data = TensorDict(obs=torch.randn(4096, 300), nested=TensorDict(x=torch.arange(4096), batch_size=[4096]),
+                      batch_size=[4096])  # fmt: skip
+    assert LazyTensorStorage(4096).advise_huge_pages() is False  # nothing allocated yet
+    private = LazyTensorStorage(4096)
+    private.set(torch.arange(4096), data)
+    assert private.advise_huge_pages() is True
+    assert (private.get(torch.arange(4096)) == data).all()
+    private.set(torch.arange(10), data[:10] + 1)  # writes after the advice land as before
+    assert torch.equal(private.get(torch.arange(10))["obs"], data["obs"][:10] + 1)
+    shared = LazyTensorStorage(16).share_memory_()
+    shared.set(torch.arange(4), data[:4])
+    memmap = LazyMemmapStorage(16)
+    memmap.set(torch.arange(4), data[:4])
+    assert shared.advise_huge_pages() is False and memmap.advise_huge_pages() is False

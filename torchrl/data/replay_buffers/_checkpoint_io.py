@@ -418,6 +418,12 @@ def _huge_page_madvise():
 _HUGE_PAGES = _huge_page_madvise()
 
 
+# NOTE [huge pages for bulk fills]: a fresh tensor faults one 4 KiB page at a time on its first write; with
+# transparent huge pages it faults one 2 MiB page. ``rb.loads`` reads into huge-page memory (empty_tensor), and
+# ``ReplayBuffer.from_hf`` advises its storage after the first chunk (TensorStorage.advise_huge_pages): a 1 GiB
+# import took 0.20-0.26 s instead of 0.54-0.65 s. Storages do not advise by themselves: on this project's 2-core
+# Linux machine (THP defrag "madvise"), filling a 288 MB storage with 1000 extends of 1000 rows took 0.47-0.62 s
+# with the advice and 0.15-0.17 s without, the kernel compacting memory to find huge pages.
 def advise_huge_pages(address: int, nbytes: int) -> None:
     """Asks the kernel to back ``[address, address + nbytes)`` with transparent huge pages (Linux).
 
@@ -435,6 +441,18 @@ def advise_huge_pages(address: int, nbytes: int) -> None:
     end = (address + nbytes) // size * size
     if end > start:
         fn(start, end - start, advice)
+
+
+def advise_private_tensors(backing) -> bool:
+    """:func:`advise_huge_pages` for every leaf of ``backing`` (a TensorDict) if it lies in private CPU memory
+    (not shared, not memory-mapped); returns whether it did."""
+    if backing is None or backing.device is None or backing.device.type != "cpu":
+        return False
+    if backing.is_shared() or backing.is_memmap():
+        return False
+    for leaf in backing.values(include_nested=True, leaves_only=True):
+        advise_huge_pages(leaf.data_ptr(), leaf.numel() * leaf.element_size())
+    return True
 
 
 def _read_rows(src: int, tensor: torch.Tensor, advance) -> None:

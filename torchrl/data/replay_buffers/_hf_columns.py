@@ -19,6 +19,7 @@ items becomes one column:
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -195,9 +196,10 @@ def _check_nulls(arr, column: str) -> None:
         )
 
 
-def flatten_column(arr, column: str):
+def flatten_column(arr, column: str, *, copy: bool = True):
     """``(values, dims)``: the flat numpy values of a (nested) list column and the per-row dims, or
-    ``(None, None)`` when rows differ in length (ragged)."""
+    ``(None, None)`` when rows differ in length (ragged). ``copy=False`` may return a read-only view of the
+    Arrow buffers (see :func:`from_arrow`)."""
     import pyarrow as pa
 
     arr = _combined(arr)
@@ -221,21 +223,30 @@ def flatten_column(arr, column: str):
             f"Column {column!r} holds {arr.type} values, which do not make a tensor (numbers and bools do). Leave "
             f"it out with `columns=[...]`, or convert it first (e.g. `ds.map(...)`)."
         )
-    return np.array(arr.to_numpy(zero_copy_only=False), copy=True), dims
+    values = arr.to_numpy(zero_copy_only=False)
+    return (np.array(values, copy=True) if copy or values.flags.writeable else values), dims
 
 
-def from_arrow(arr, column: str, dtype: torch.dtype | None, shape: list[int] | None):
+def _read_only_tensor(values: np.ndarray) -> torch.Tensor:
+    with warnings.catch_warnings():  # torch warns that writing to it is undefined: the caller only reads it
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(values)
+
+
+def from_arrow(arr, column: str, dtype: torch.dtype | None, shape: list[int] | None, *, copy: bool = True):
     """A tensor ``[n, *dims]`` from a column, or a list of per-row tensors when rows differ in shape.
 
     ``dtype``/``shape``: what the export's metadata says the items are (``None``: take the column's own);
-    a column whose rows do not hold ``prod(shape)`` values raises a ``ValueError``.
+    a column whose rows do not hold ``prod(shape)`` values raises a ``ValueError``. ``copy=False`` returns,
+    where Arrow allows it, a tensor over the Arrow buffers themselves (for a dataset read from disk, a
+    read-only memory map: writing to it crashes the process): only for a caller that copies it right away.
     """
     n = len(arr)
-    values, dims = flatten_column(arr, column)
+    values, dims = flatten_column(arr, column, copy=copy)
     if values is None:
         rows = _combined(arr).to_pylist()
         return [torch.tensor(r, dtype=dtype) for r in rows]
-    tensor = torch.from_numpy(values)
+    tensor = _read_only_tensor(values) if not values.flags.writeable else torch.from_numpy(values)
     if dtype is not None and tensor.dtype != dtype:
         tensor = tensor.to(dtype)
     if shape is not None:

@@ -13,6 +13,7 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 
+import numpy as np
 from tensordict import TensorDict
 
 import torchrl.data.replay_buffers._checkpoint_fs as _fs
@@ -157,17 +158,18 @@ class HFReader:
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def chunks(self, chunk_rows: int) -> Iterator:
+    def chunks(self, chunk_rows: int, *, copy: bool = True) -> Iterator:
         """The rows in chunks of ``chunk_rows``: a TensorDict (or tensor) batch, or a list of items when rows
-        differ in shape."""
+        differ in shape. ``copy=False``: the tensors may be read-only views of the dataset's Arrow buffers, for a
+        caller that copies them before anything writes to them (an extend into a tensor storage)."""
         names = [s["column"] for s in self.specs]
         names += [s["column"] + _cols.SHAPE_SUFFIX for s in self.specs if s["encoding"] == "ragged"]
         table_view = self.dataset.select_columns(names).with_format("arrow")
         for start in range(0, len(self.dataset), chunk_rows):
-            table = table_view[start : start + chunk_rows]
-            yield self._decode(table, table.num_rows)
+            for table in _whole_chunks(table_view[start : start + chunk_rows]):
+                yield self._decode(table, table.num_rows, copy)
 
-    def _decode(self, table, n: int):
+    def _decode(self, table, n: int, copy: bool = True):
         values = {}
         for spec in self.specs:
             column = spec["column"]
@@ -177,7 +179,7 @@ class HFReader:
                     table[column], table[column + _cols.SHAPE_SUFFIX], column, dtype
                 )
             else:
-                values[column] = _cols.from_arrow(table[column], column, dtype, spec["shape"])
+                values[column] = _cols.from_arrow(table[column], column, dtype, spec["shape"], copy=copy)
         if any(isinstance(v, list) for v in values.values()):
             return [self._item({c: (v[i] if isinstance(v, list) else v[i]) for c, v in values.items()})
                     for i in range(n)]  # fmt: skip
@@ -198,6 +200,21 @@ class HFReader:
         for spec in self.specs:
             td.set(tuple(spec["key"]), values[spec["column"]])
         return td
+
+
+def _whole_chunks(table) -> Iterator:
+    """``table`` cut where any of its columns changes Arrow chunk (a dataset saved in several shards has one
+    chunk per shard), so that each piece's columns are single arrays, converted without being concatenated
+    first (a copy of every value)."""
+    cuts = set()
+    for column in table.columns:
+        ends = np.cumsum([len(chunk) for chunk in column.chunks])
+        cuts.update(int(end) for end in ends[:-1])
+    start = 0
+    for end in sorted(cuts) + [table.num_rows]:
+        if end > start:
+            yield table.slice(start, end - start)
+            start = end
 
 
 def _check_keys(keys: list[tuple[str, ...]]) -> None:

@@ -105,8 +105,7 @@ class HFExchangeMixin:
         """
         reader = HFReader(source, columns=columns, ignore_metadata=ignore_metadata)
         _check_ragged_fits(reader, self.storage)
-        for chunk in reader.chunks(chunk_rows_for(reader, chunk_bytes)):
-            self.extend(chunk)
+        _write_chunks(self, reader, chunk_bytes)
         return len(reader)
 
     @classmethod
@@ -175,9 +174,27 @@ class HFExchangeMixin:
             )
         rb = cls(storage=storage, **kwargs)
         _check_ragged_fits(reader, storage)
-        for chunk in reader.chunks(chunk_rows_for(reader, chunk_bytes)):
-            rb.extend(chunk)
+        _write_chunks(rb, reader, chunk_bytes)
         return rb
+
+
+def _write_chunks(rb, reader: HFReader, chunk_bytes: int) -> None:
+    """``rb.extend`` of each chunk; the storage allocated by the first one is advised to use huge pages (a
+    bulk fill: see :meth:`TensorStorage.advise_huge_pages <torchrl.data.TensorStorage.advise_huge_pages>`)."""
+    advised = not isinstance(rb.storage, TensorStorage)
+    for chunk in reader.chunks(chunk_rows_for(reader, chunk_bytes), copy=_needs_own_tensors(rb)):
+        rb.extend(chunk)
+        if not advised:
+            rb.storage.advise_huge_pages()
+            advised = True
+
+
+def _needs_own_tensors(rb) -> bool:
+    """Whether the chunks written to ``rb`` must own their memory. A tensor storage copies what it is given and
+    a buffer without transforms writes nothing into it, so views of the dataset's (read-only, memory-mapped)
+    Arrow buffers are enough, which spares a copy of every row; a list storage keeps the objects themselves,
+    and an inverse transform may work in place."""
+    return not isinstance(rb.storage, TensorStorage) or len(rb.transform) > 0
 
 
 def _check_ragged_fits(reader: HFReader, storage) -> None:
