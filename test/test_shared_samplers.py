@@ -508,17 +508,21 @@ def test_stress_updates_and_extends_in_the_main_process_while_two_workers_sample
 
 
 class _HoldingSampler(PrioritizedSampler):
-    """Once ``hold_path`` exists, the process that next draws writes its pid and sleeps inside the locked
-    section of ``sample`` (where the minimum priority is read), holding the sampler's lock."""
+    """Worker 0 of a DataLoader, at its third draw (the first one made after the main process took a batch: the
+    first two fill its prefetch slots), writes its pid to ``pid_path`` and sleeps inside the locked section of
+    ``sample`` (where the minimum priority is read), holding the sampler's lock."""
 
-    hold_path: str | None = None
     pid_path: str | None = None
+    draws = 0
 
     def _stored_min(self, n):
-        if self.hold_path is not None and os.path.exists(self.hold_path) and get_worker_info() is not None:
-            with open(self.pid_path, "w") as f:
-                f.write(str(os.getpid()))
-            time.sleep(600)
+        info = get_worker_info()
+        if self.pid_path is not None and info is not None and info.id == 0:
+            self.draws += 1
+            if self.draws == 3:
+                with open(self.pid_path, "w") as f:
+                    f.write(str(os.getpid()))
+                time.sleep(600)
         return super()._stored_min(n)
 
 
@@ -526,22 +530,22 @@ class _HoldingSampler(PrioritizedSampler):
 @pytest.mark.timeout(180)
 def test_a_worker_killed_while_holding_the_lock_leaves_the_buffer_usable(tmp_path):
     sampler = _HoldingSampler(64, alpha=0.7, beta=0.5)
-    sampler.hold_path, sampler.pid_path = str(tmp_path / "hold"), str(tmp_path / "pid")
+    sampler.pid_path = str(tmp_path / "pid")
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(64), sampler=sampler, batch_size=8)
     rb.extend(make_data(30))
     dl = DataLoader(rb.as_dataset(), batch_size=None, collate_fn=tensordict_collate, num_workers=2,
-                    multiprocessing_context="fork", timeout=20)
+                    multiprocessing_context="fork", timeout=20, prefetch_factor=2)
     it = iter(dl)
-    next(it)
-    open(sampler.hold_path, "w").close()
+    next(it)  # worker 0 is sent its third index
     deadline = time.monotonic() + 60
     while not os.path.exists(sampler.pid_path) and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.2)  # the pid is written: the worker sleeps with the lock held
     pid = int(open(sampler.pid_path).read())
-    os.kill(pid, signal.SIGKILL)
-    os.remove(sampler.hold_path)
+    # torch's SIGCHLD handler raises the worker's death wherever the main thread is when the signal arrives,
+    # so the kill happens inside the block that expects it
     with pytest.raises(RuntimeError, match="DataLoader worker") as err:
+        os.kill(pid, signal.SIGKILL)
         for _ in range(1000):
             next(it)
     release(err)
