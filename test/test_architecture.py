@@ -119,6 +119,7 @@ ALLOWED_PRIVATE = {
     "_empty",  # TorchRL contract: empty a storage, sampler or writer (rb.empty() calls it on each)
     "_is_full",  # TorchRL contract: whether a storage holds max_size items (ring-buffer wrap)
     "_max_size_along_dim0",  # TorchRL contract: the rows a writer cycles over in a storage
+    "_cursor",  # TorchRL contract: a writer's next row, read and set by TorchRL user code (alias of `cursor`)
 }
 
 

@@ -17,6 +17,7 @@ from torchrl.data.replay_buffers.checkpointers_ted import (
 )
 from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer  # Ray itself is imported on use
 from torchrl.data.replay_buffers.replay_buffers import (
+    ConditionalUpdateResult,
     PrioritizedReplayBuffer,
     ReplayBuffer,
     ReplayBufferEnsemble,
@@ -98,6 +99,7 @@ __all__ = [
     "ReplayBuffer",
     "TensorDictReplayBuffer",
     "ReplayBufferEnsemble",
+    "ConditionalUpdateResult",
     "PrioritizedReplayBuffer",
     "TensorDictPrioritizedReplayBuffer",
     "Storage",

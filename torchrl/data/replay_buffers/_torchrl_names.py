@@ -53,7 +53,7 @@ _AREAS: dict[str, tuple[str, ...]] = {
         "validate_vla_tensordict",
     ),
     _RB: (
-        "ConditionalUpdateResult", "HERReplayBuffer",
+        "HERReplayBuffer",
         "HindsightStrategy", "OfflineToOnlineReplayBuffer",
         "StoreStorage", "Trajectory", "TrajectoryPredicate", "filter_trajectories", "iter_trajectories",
         "prefill_replay_buffer", "traj",

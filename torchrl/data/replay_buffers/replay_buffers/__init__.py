@@ -1,5 +1,6 @@
 """Replay buffers: storage + writer + sampler + transforms behind one object."""
 
+from torchrl.data.replay_buffers.replay_buffers._compat import ConditionalUpdateResult
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.ensemble import ReplayBufferEnsemble
 from torchrl.data.replay_buffers.replay_buffers.prioritized import (
@@ -16,6 +17,7 @@ __all__ = [
     "TensorDictPrioritizedReplayBuffer",
     "ReplayBufferEnsemble",
     "RemoteTensorDictReplayBuffer",
+    "ConditionalUpdateResult",
 ]
 
 for _cls in (
@@ -25,5 +27,6 @@ for _cls in (
     TensorDictPrioritizedReplayBuffer,
     ReplayBufferEnsemble,
     RemoteTensorDictReplayBuffer,
+    ConditionalUpdateResult,
 ):
     _cls.__module__ = __name__

@@ -35,6 +35,7 @@ from torchrl.data.replay_buffers.replay_buffers._compat import (
     check_consuming_buffer,
     consuming_sampler_for,
 )
+from torchrl.data.replay_buffers.replay_buffers._component_setters import ComponentSettersMixin
 from torchrl.data.replay_buffers.replay_buffers._hf_methods import HFExchangeMixin
 from torchrl.data.replay_buffers.replay_buffers._prefetch_order import current_turn, submit_in_order
 from torchrl.data.replay_buffers.replay_buffers._service_backend import (
@@ -59,8 +60,8 @@ def _check_component(name: str, value, cls: type):
 
 
 class ReplayBuffer(
-    BufferStateMixin, BufferCompatMixin, HFExchangeMixin, WorkerHooksMixin, ServiceMethodsMixin,
-    metaclass=ServiceBackendMeta,
+    BufferStateMixin, BufferCompatMixin, ComponentSettersMixin, HFExchangeMixin, WorkerHooksMixin,
+    ServiceMethodsMixin, metaclass=ServiceBackendMeta,
 ):
     """A replay buffer: writes go through a writer into a storage; samples are drawn by a sampler.
 

@@ -166,6 +166,12 @@ class ReplayBufferEnsemble(ReplayBuffer):
             "A ReplayBufferEnsemble cannot be emptied: empty the member buffers (rb_ensemble[i].empty())."
         )
 
+    def _swap(self, attribute: str, component, wire):
+        raise RuntimeError(
+            f"A ReplayBufferEnsemble's components are those of its member buffers: call "
+            f"rb_ensemble[i].set_{attribute.lstrip('_')}(...) on a member, not on the ensemble."
+        )
+
     def update_priority(self, index, priority) -> None:
         raise RuntimeError(
             "Update priorities through the member buffers: rb_ensemble[buffer_id].update_priority(index, "

@@ -142,6 +142,10 @@ class Storage(Component, abc.ABC):
         if not any(entity is buffer for entity in self._attached_entities):
             self._attached_entities.append(buffer)
 
+    def detach(self, buffer) -> None:
+        """Stops telling ``buffer`` of writes (the reverse of :meth:`attach`); a buffer not attached is ignored."""
+        self._attached_entities[:] = [entity for entity in self._attached_entities if entity is not buffer]
+
     def mark_update(self, index) -> None:
         """Tells every attached entity that ``index`` was written."""
         for entity in self._attached_entities:
