@@ -223,11 +223,13 @@ def flatten_column(arr, column: str, *, copy: bool = True):
             f"Column {column!r} holds {arr.type} values, which do not make a tensor (numbers and bools do). Leave "
             f"it out with `columns=[...]`, or convert it first (e.g. `ds.map(...)`)."
         )
-    values = arr.to_numpy(zero_copy_only=False)
-    return (np.array(values, copy=True) if copy or values.flags.writeable else values), dims
+    values = arr.to_numpy(zero_copy_only=False)  # read-only when it views Arrow's buffers, else a new array
+    return (values.copy() if copy and not values.flags.writeable else values), dims
 
 
-def _read_only_tensor(values: np.ndarray) -> torch.Tensor:
+def _as_tensor(values: np.ndarray) -> torch.Tensor:
+    if values.flags.writeable:
+        return torch.from_numpy(values)
     with warnings.catch_warnings():  # torch warns that writing to it is undefined: the caller only reads it
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(values)
@@ -246,7 +248,7 @@ def from_arrow(arr, column: str, dtype: torch.dtype | None, shape: list[int] | N
     if values is None:
         rows = _combined(arr).to_pylist()
         return [torch.tensor(r, dtype=dtype) for r in rows]
-    tensor = _read_only_tensor(values) if not values.flags.writeable else torch.from_numpy(values)
+    tensor = _as_tensor(values)
     if dtype is not None and tensor.dtype != dtype:
         tensor = tensor.to(dtype)
     if shape is not None:

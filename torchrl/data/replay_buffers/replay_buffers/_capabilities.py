@@ -36,3 +36,20 @@ def check_sampler_fits_storage(sampler, storage) -> None:
     if uniform:
         return
     raise unstable_items_error(sampler, storage)
+
+
+def check_component(name: str, value, cls: type):
+    """``value`` if it is a ``cls`` instance, else a ``TypeError`` naming the argument ``name``."""
+    if not isinstance(value, cls):
+        raise TypeError(f"`{name}` must be a {cls.__name__} instance, got {type(value).__name__}.")
+    return value
+
+
+def check_drop_last(sampler, batch_size) -> None:
+    """As in TorchRL, a sampler built with ``drop_last=True`` needs the buffer's ``batch_size`` (ValueError)."""
+    if getattr(sampler, "drop_last", False) and batch_size is None:
+        raise ValueError(
+            f"{type(sampler).__name__}(drop_last=True) drops the last batch of an epoch when it is "
+            f"shorter than the buffer's batch size, and the buffer has none. Pass "
+            f"ReplayBuffer(..., batch_size=N), or drop_last=False."
+        )

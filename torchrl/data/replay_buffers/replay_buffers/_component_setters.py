@@ -18,22 +18,15 @@ import numbers
 import torch
 
 import torchrl.data.replay_buffers.replay_buffers._prefetch_state as _prefetch_state
-from torchrl.data.replay_buffers.replay_buffers._capabilities import check_sampler_fits_storage
+from torchrl.data.replay_buffers.replay_buffers._capabilities import (
+    check_component,
+    check_drop_last,
+    check_sampler_fits_storage,
+)
 from torchrl.data.replay_buffers.replay_buffers._compat import check_consuming_buffer
 from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.data.replay_buffers.storages import Storage
 from torchrl.data.replay_buffers.writers import Writer
-
-
-def _check_instance(name: str, value, cls: type) -> None:
-    if not isinstance(value, cls):
-        raise TypeError(
-            f"`{name}` must be a {cls.__name__} instance (e.g. rb.set_{name}({_EXAMPLES[name]})), got "
-            f"{type(value).__name__}."
-        )
-
-
-_EXAMPLES = {"storage": "LazyTensorStorage(1000)", "writer": "RoundRobinWriter()", "sampler": "RandomSampler()"}
 
 
 def _next_row(storage) -> int:
@@ -81,7 +74,7 @@ class ComponentSettersMixin:
             >>> type(old).__name__, len(old), rb[:]
             ('ListStorage', 2, tensor([0, 1, 2]))
         """
-        _check_instance("storage", storage, Storage)
+        check_component("storage", storage, Storage)
         check_sampler_fits_storage(self._sampler, storage)
         check_consuming_buffer(self._sampler, storage, self._writer, self._prefetch)
 
@@ -120,7 +113,7 @@ class ComponentSettersMixin:
             >>> rb[:]
             tensor([7, 1, 2])
         """
-        _check_instance("writer", writer, Writer)
+        check_component("writer", writer, Writer)
         check_consuming_buffer(self._sampler, self._storage, writer, self._prefetch)
 
         def wire(previous: Writer) -> None:
@@ -152,14 +145,10 @@ class ComponentSettersMixin:
             >>> sorted(torch.cat([rb.sample(), rb.sample()]).tolist()) == list(range(10))
             True
         """
-        _check_instance("sampler", sampler, Sampler)
+        check_component("sampler", sampler, Sampler)
         check_sampler_fits_storage(sampler, self._storage)
         check_consuming_buffer(sampler, self._storage, self._writer, self._prefetch)
-        if getattr(sampler, "drop_last", False) and self._batch_size is None:
-            raise ValueError(
-                f"{type(sampler).__name__}(drop_last=True) needs the buffer's batch size, and the buffer has none: "
-                f"build the buffer with batch_size=N, or pass drop_last=False."
-            )
+        check_drop_last(sampler, self._batch_size)
 
         def wire(previous: Sampler) -> None:
             self.set_rng(self._rng)

@@ -181,12 +181,10 @@ class HFExchangeMixin:
 def _write_chunks(rb, reader: HFReader, chunk_bytes: int) -> None:
     """``rb.extend`` of each chunk; the storage allocated by the first one is advised to use huge pages (a
     bulk fill: see :meth:`TensorStorage.advise_huge_pages <torchrl.data.TensorStorage.advise_huge_pages>`)."""
-    advised = not isinstance(rb.storage, TensorStorage)
-    for chunk in reader.chunks(chunk_rows_for(reader, chunk_bytes), copy=_needs_own_tensors(rb)):
+    for i, chunk in enumerate(reader.chunks(chunk_rows_for(reader, chunk_bytes), copy=_needs_own_tensors(rb))):
         rb.extend(chunk)
-        if not advised:
+        if i == 0 and isinstance(rb.storage, TensorStorage):  # allocated by this first write
             rb.storage.advise_huge_pages()
-            advised = True
 
 
 def _needs_own_tensors(rb) -> bool:

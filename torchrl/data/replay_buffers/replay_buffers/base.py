@@ -26,6 +26,8 @@ from torchrl._validation import check_int, check_positive_int
 from torchrl.data.replay_buffers._collate import stack_samples
 from torchrl.data.replay_buffers.replay_buffers._buffer_state import BufferStateMixin
 from torchrl.data.replay_buffers.replay_buffers._capabilities import (
+    check_component,
+    check_drop_last,
     check_sampler_fits_storage,
     default_writer_for,
 )
@@ -51,12 +53,6 @@ from torchrl.envs.transforms.transforms import Compose, _InvertTransform, as_tra
 
 def _identity(x):
     return x
-
-
-def _check_component(name: str, value, cls: type):
-    if not isinstance(value, cls):
-        raise TypeError(f"`{name}` must be a {cls.__name__} instance, got {type(value).__name__}.")
-    return value
 
 
 class ReplayBuffer(
@@ -161,18 +157,13 @@ class ReplayBuffer(
             raise TypeError(f"`generator` must be a torch.Generator or None, got {type(generator).__name__}.")
         storage = ListStorage(1000, compilable=self._compilable) if storage is None else storage
         writer = default_writer_for(storage, self._default_writer, self._compilable) if writer is None else writer
-        self._storage = _check_component("storage", storage, Storage)
+        self._storage = check_component("storage", storage, Storage)
         sampler = consuming_sampler_for(sampler, consume_after_n_samples)
-        self._sampler = _check_component("sampler", sampler if sampler is not None else RandomSampler(), Sampler)
-        self._writer = _check_component("writer", writer, Writer)
+        self._sampler = check_component("sampler", sampler if sampler is not None else RandomSampler(), Sampler)
+        self._writer = check_component("writer", writer, Writer)
         check_sampler_fits_storage(self._sampler, self._storage)
         check_consuming_buffer(self._sampler, self._storage, self._writer, prefetch)
-        if getattr(self._sampler, "drop_last", False) and self._batch_size is None:  # as TorchRL
-            raise ValueError(
-                f"{type(self._sampler).__name__}(drop_last=True) drops the last batch of an epoch when it is "
-                f"shorter than the buffer's batch size, and the buffer has none. Pass "
-                f"ReplayBuffer(..., batch_size=N), or drop_last=False."
-            )
+        check_drop_last(self._sampler, self._batch_size)
         if checkpointer is not None:  # TorchRL's keyword: the storage's checkpointer (its dumps/loads layout)
             self._storage.checkpointer = checkpointer
         self._storage.attach(self)
