@@ -211,3 +211,31 @@ def switch(tmp: str, path: str, *, fsync: bool) -> None:
     if leftover is not None:
         shutil.rmtree(leftover, ignore_errors=True)
     step("after_cleanup")
+
+
+def replace_dir(path: str, write: Callable[[str], None], check: Callable[[], None], *, fsync: bool) -> None:
+    """Puts a new directory at ``path`` crash-safely (the protocol of checkpoints and dataset exports).
+
+    Under the parent's lock: completes a switch a crash interrupted (:func:`recover`) and calls ``check()``,
+    which raises to refuse ``path`` (nothing is written then). ``write(tmp)`` then fills a fresh locked
+    temporary directory beside ``path``; under the parent's lock again, ``check()`` runs once more and
+    :func:`switch` puts ``tmp`` at ``path``. On any error the temporary directory is removed and what was at
+    ``path`` is left as it was.
+    """
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    with locked_dir(parent):
+        recover(path, fsync=fsync)
+        check()
+    tmp, lock_fd = make_tmp_dir(path)
+    try:
+        step("tmp_created")
+        write(tmp)
+        with locked_dir(parent):
+            check()
+            switch(tmp, path, fsync=fsync)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        os.close(lock_fd)

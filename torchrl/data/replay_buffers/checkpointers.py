@@ -182,27 +182,14 @@ def write_checkpoint(
     if not isinstance(fsync, bool):
         raise TypeError(f"`fsync` must be a bool; got {fsync!r}.")
     check_progress(progress)
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
     mappings = _io.read_file_mappings()
     links = _linkable(path, entries, mappings)
-    with _fs.locked_dir(parent):
-        _fs.recover(path, fsync=fsync)
-        check_replaceable(path, adopt=bool(links))
-    tmp, lock_fd = _fs.make_tmp_dir(path)
-    try:
-        _fs.step("tmp_created")
-        _write_contents(tmp, entries, user_metadata, links, mappings, fsync=fsync, progress=progress)
-        with _fs.locked_dir(parent):
-            check_replaceable(path, adopt=bool(links))
-            _fs.switch(tmp, path, fsync=fsync)
-    except BaseException:
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        os.close(lock_fd)
+    _fs.replace_dir(
+        path,
+        lambda tmp: _write_contents(tmp, entries, user_metadata, links, mappings, fsync=fsync, progress=progress),
+        lambda: check_replaceable(path, adopt=bool(links)),
+        fsync=fsync,
+    )
 
 
 def _linkable(path: str, entries, mappings) -> dict[str, str]:

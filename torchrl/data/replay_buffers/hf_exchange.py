@@ -22,7 +22,6 @@ import json
 import math
 import os
 import secrets
-import shutil
 import warnings
 from collections.abc import Mapping, Sequence
 
@@ -416,22 +415,7 @@ def _write_lerobot_meta(tmp: str, specs, counter, n: int, fps: float, fsync: boo
 
 
 def _write_atomically(path: str, write, *, fsync: bool) -> None:
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    with _fs.locked_dir(parent):
-        _fs.recover(path, fsync=fsync)
-        _check_replaceable(path)
-    tmp, lock_fd = _fs.make_tmp_dir(path)
-    try:
-        write(tmp)
-        with _fs.locked_dir(parent):
-            _check_replaceable(path)
-            _fs.switch(tmp, path, fsync=fsync)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        os.close(lock_fd)
+    _fs.replace_dir(path, write, lambda: _check_replaceable(path), fsync=fsync)
 
 
 def _check_replaceable(path: str) -> None:
