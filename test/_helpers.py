@@ -347,7 +347,7 @@ def assert_checkpoint_round_trip(component, make_fresh, tmp_path, *, draws: int 
 
     import pytest
 
-    from torchrl.data.replay_buffers._persistence import PartContext, check_part, dump_part
+    from torchrl.data.replay_buffers._checkpoint.parts import PartContext, check_part, dump_part
 
     for prefix in ("", "outer/"):
         tensors, wrapped = dump_part(component, PartContext(str(tmp_path / "unused"), prefix))

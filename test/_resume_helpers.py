@@ -159,7 +159,7 @@ def save_then_die_mid_save(path: str) -> None:
     """Saves a complete state at step 3, then is killed (SIGKILL) in the middle of the save at step 5."""
     import signal
 
-    import torchrl.data.replay_buffers._checkpoint_fs as fs
+    import torchrl.data.replay_buffers._checkpoint.fs as fs
 
     cfg = {"sampler": "random", "num_workers": 0, "start_method": None, "num_batches": 6, "total": 12}
     torch.manual_seed(0)

@@ -19,7 +19,7 @@ import time
 import pytest
 import torch
 
-from torchrl.data.replay_buffers import _checkpoint_fs
+from torchrl.data.replay_buffers._checkpoint import fs as _checkpoint_fs
 from torchrl.data.replay_buffers.checkpointers import read_checkpoint, write_checkpoint
 
 pytestmark = [

@@ -14,7 +14,7 @@ import pytest
 import torch
 from tensordict import MemoryMappedTensor, TensorDict
 
-from torchrl.data.replay_buffers import _checkpoint_fs
+from torchrl.data.replay_buffers._checkpoint import fs as _checkpoint_fs
 from torchrl.data.replay_buffers.checkpointers import (
     SUPPORTED_SCHEMA_VERSIONS,
     CheckpointError,
@@ -100,7 +100,7 @@ def test_round_trip_of_views_saves_their_logical_content(tmp_path, make):
 
 
 def test_non_contiguous_tensor_larger_than_a_chunk_is_written_in_slices(tmp_path, monkeypatch):
-    from torchrl.data.replay_buffers import _checkpoint_io
+    from torchrl.data.replay_buffers._checkpoint import io as _checkpoint_io
 
     monkeypatch.setattr(_checkpoint_io, "CHUNK_BYTES", 64)
     tensor = torch.arange(3 * 50 * 4, dtype=torch.int32).reshape(3, 50, 4).transpose(0, 1)
@@ -218,7 +218,7 @@ def test_write_refuses_to_replace_something_that_is_not_a_checkpoint(tmp_path):
 
 
 def test_failed_write_leaves_the_previous_checkpoint_and_no_tmp(tmp_path, monkeypatch):
-    from torchrl.data.replay_buffers import _checkpoint_io
+    from torchrl.data.replay_buffers._checkpoint import io as _checkpoint_io
 
     path = tmp_path / "c"
     write_checkpoint(path, {"a": torch.ones(3)}, {"v": 1})
@@ -820,7 +820,7 @@ def test_memmap_storage_inside_the_checkpoint_is_linked_not_copied_and_mapped_ba
 
 
 def test_loads_into_a_memmap_storage_copies_files_without_reading_them(tmp_path, monkeypatch):
-    from torchrl.data.replay_buffers import _checkpoint_io
+    from torchrl.data.replay_buffers._checkpoint import io as _checkpoint_io
 
     storage = LazyMemmapStorage(50)
     storage.set(torch.arange(40), make_batch("tensordict", 0, 40))

@@ -39,7 +39,7 @@ from torchrl.data import (
     WriterEnsemble,
 )
 from torchrl.data.replay_buffers import checkpointers
-from torchrl.data.replay_buffers._generator_state import generator_from_state, generator_to_state
+from torchrl.data.replay_buffers._checkpoint.generator_state import generator_from_state, generator_to_state
 from torchrl.data.replay_buffers.checkpointers import (
     CheckpointError,
     ListStorageCheckpointer,
@@ -332,24 +332,25 @@ def test_a_malformed_saved_generator_is_refused_before_anything_is_loaded(tmp_pa
 ROOT = Path(__file__).resolve().parent.parent / "torchrl"
 FORMAT_MODULES = (
     "data/replay_buffers/checkpointers.py",
-    "data/replay_buffers/_checkpoint_io.py",
-    "data/replay_buffers/_checkpoint_fs.py",
-    "data/replay_buffers/_checkpoint_validate.py",
-    "data/replay_buffers/_checkpoint_args.py",
-    "data/replay_buffers/_persistence.py",
-    "data/replay_buffers/_generator_state.py",
-    "data/replay_buffers/_component.py",
+    "data/replay_buffers/_checkpoint/io.py",
+    "data/replay_buffers/_checkpoint/fs.py",
+    "data/replay_buffers/_checkpoint/validate.py",
+    "data/replay_buffers/_checkpoint/args.py",
+    "data/replay_buffers/_checkpoint/parts.py",
+    "data/replay_buffers/_checkpoint/generator_state.py",
+    "data/replay_buffers/component.py",
     "_files.py",
 )
 BOTTOM = {
     "torchrl._files",
-    "torchrl.data.replay_buffers._checkpoint_io",
-    "torchrl.data.replay_buffers._checkpoint_fs",
-    "torchrl.data.replay_buffers._checkpoint_validate",
-    "torchrl.data.replay_buffers._checkpoint_args",
-    "torchrl.data.replay_buffers._persistence",
-    "torchrl.data.replay_buffers._generator_state",
+    "torchrl.data.replay_buffers._checkpoint.io",
+    "torchrl.data.replay_buffers._checkpoint.fs",
+    "torchrl.data.replay_buffers._checkpoint.validate",
+    "torchrl.data.replay_buffers._checkpoint.args",
+    "torchrl.data.replay_buffers._checkpoint.parts",
+    "torchrl.data.replay_buffers._checkpoint.generator_state",
     "torchrl.data.replay_buffers.checkpointers",
+    "torchrl.data.replay_buffers.errors",
 }
 
 
@@ -523,7 +524,8 @@ def test_buffers_encode_their_generator_with_the_one_codec(tmp_path):
 # -- one atomic-write helper -------------------------------------------------------------------------------------------
 def test_policy_and_buffer_checkpoints_share_the_atomic_write_helpers():
     import torchrl._files as files
-    from torchrl.data.replay_buffers import _checkpoint_fs, _checkpoint_io
+    from torchrl.data.replay_buffers._checkpoint import fs as _checkpoint_fs
+    from torchrl.data.replay_buffers._checkpoint import io as _checkpoint_io
     from torchrl.render import checkpoint as render_checkpoint
 
     assert render_checkpoint.write_file_atomically is files.write_file_atomically

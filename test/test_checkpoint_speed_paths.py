@@ -15,7 +15,7 @@ import torch
 from tensordict import MemoryMappedTensor, TensorDict
 
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
-from torchrl.data.replay_buffers import _checkpoint_io as _io
+from torchrl.data.replay_buffers._checkpoint import io as _io
 from torchrl.data.replay_buffers.checkpointers import CheckpointError, read_checkpoint
 
 MIB = 1 << 20

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from torchrl.data import LazyMemmapStorage, cleanup_stale_scratch_dirs
-from torchrl.data.replay_buffers import _cleanup
+from torchrl.data.replay_buffers._shared import cleanup as _cleanup
 
 TIMEOUT = 40
 RING_GLOB = "/dev/shm/torchrl-batch-ring-*"  # where the worker transport used to leave its ring files
@@ -193,7 +193,7 @@ def test_a_multiprocessing_child_removes_its_own_dir_when_it_returns():
 
 REGISTRY = """
 import os, signal, sys, tempfile, threading
-from torchrl.data.replay_buffers import _cleanup
+from torchrl.data.replay_buffers._shared import cleanup as _cleanup
 before = signal.getsignal(signal.SIGTERM)
 paths = []
 def register_many(k):

@@ -31,7 +31,7 @@ from torchrl.data import (
     TensorDictRoundRobinWriter,
     TensorStorage,
 )
-from torchrl.data.replay_buffers._cleanup import remove_owned_path
+from torchrl.data.replay_buffers._shared.cleanup import remove_owned_path
 from torchrl.data.replay_buffers.storages._registry import _MEMMAP_STORAGE_REGISTRY
 
 

@@ -652,7 +652,7 @@ def _import_from(module: str, name: str):
     + [("torchrl.data.replay_buffers", n) for n in TORCHRL_RB_NAMES],
 )
 def test_every_torchrl_name_is_provided_or_refused_with_a_reason(module, name):
-    from torchrl.data.replay_buffers._torchrl_names import NotProvidedError
+    from torchrl.data._torchrl_names import NotProvidedError
 
     try:
         value = _import_from(module, name)
@@ -674,7 +674,7 @@ def test_every_torchrl_name_is_provided_or_refused_with_a_reason(module, name):
 
 @pytest.mark.parametrize("name", ["Bounded", "TensorSpec", "History", "MCTSForest", "VideoClipRef"])
 def test_out_of_scope_names_name_their_torchrl_area(name):
-    from torchrl.data.replay_buffers._torchrl_names import NotProvidedError
+    from torchrl.data._torchrl_names import NotProvidedError
 
     with pytest.raises(NotProvidedError, match=rf"'{name}' belongs to TorchRL's .*not part of this package"):
         _import_from("torchrl.data", name)
@@ -687,7 +687,7 @@ def test_out_of_scope_names_name_their_torchrl_area(name):
 
 
 def test_storestorage_is_refused_from_the_storages_subpackage_too():
-    from torchrl.data.replay_buffers._torchrl_names import NotProvidedError
+    from torchrl.data._torchrl_names import NotProvidedError
 
     with pytest.raises(NotProvidedError, match="'StoreStorage' is a TorchRL replay-buffer name"):
         _import_from("torchrl.data.replay_buffers.storages", "StoreStorage")
@@ -710,7 +710,7 @@ def test_other_missing_names_keep_python_s_errors_and_hasattr():
 
 def test_a_refused_name_cannot_shadow_what_is_provided():
     import torchrl.data
-    from torchrl.data.replay_buffers._torchrl_names import NOT_PROVIDED, not_provided_getattr
+    from torchrl.data._torchrl_names import NOT_PROVIDED, not_provided_getattr
 
     provided = set(torchrl.data.__all__) & set(NOT_PROVIDED)
     assert all(getattr(torchrl.data, name) is not None for name in provided)  # module attributes win

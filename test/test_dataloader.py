@@ -454,7 +454,7 @@ def test_adapters_live_beside_what_they_adapt_and_keep_their_import_paths():
     import torchrl.data.replay_buffers as rbs
     from torchrl.data.replay_buffers import dataloader
     from torchrl.data.replay_buffers.replay_buffers.dataset import ReplayBufferDataset as Beside
-    from torchrl.data.replay_buffers.storages.dataset import StorageDataset as StorageBeside
+    from torchrl.data.replay_buffers.storages.storage_dataset import StorageDataset as StorageBeside
 
     assert ReplayBufferDataset is Beside is rbs.ReplayBufferDataset is dataloader.ReplayBufferDataset
     assert StorageDataset is StorageBeside is rbs.StorageDataset is dataloader.StorageDataset

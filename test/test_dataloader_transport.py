@@ -23,8 +23,8 @@ from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer, tensordict_collate
-from torchrl.data.replay_buffers import _worker_transport as wt
-from torchrl.data.replay_buffers._worker_transport import transport_stats
+from torchrl.data.replay_buffers.loading import worker_transport as wt
+from torchrl.data.replay_buffers.loading.worker_transport import transport_stats
 
 TIMEOUT = 60
 TRANSPORTS = ("ring", "consolidated", "torch")

@@ -22,9 +22,9 @@ from torchrl.data import (  # noqa: E402
     ReplayBuffer,
     SliceSampler,
 )
-from torchrl.data.replay_buffers._hf_columns import MARKER, METADATA_FILE  # noqa: E402
-from torchrl.data.replay_buffers._hf_import import HFReader, chunk_rows_for  # noqa: E402
-from torchrl.data.replay_buffers.hf_exchange import import_hf  # noqa: E402
+from torchrl.data.replay_buffers.hf.columns import MARKER, METADATA_FILE  # noqa: E402
+from torchrl.data.replay_buffers.hf.export import import_hf  # noqa: E402
+from torchrl.data.replay_buffers.hf.importer import HFReader, chunk_rows_for  # noqa: E402
 
 pytestmark = pytest.mark.extras
 
@@ -366,7 +366,7 @@ def test_bad_export_arguments_are_refused(tmp_path):
     with pytest.raises(ValueError, match="holds no items"):
         ReplayBuffer(storage=LazyTensorStorage(3)).export_hf(tmp_path / "other")
     with pytest.raises(TypeError, match="must be a ReplayBuffer or a Storage"):
-        from torchrl.data.replay_buffers.hf_exchange import export_hf
+        from torchrl.data.replay_buffers.hf.export import export_hf
 
         export_hf([1, 2], tmp_path / "other")
     dotted = ReplayBuffer(storage=LazyTensorStorage(2))
@@ -487,7 +487,7 @@ def test_behavior_cloning_example_exports_and_trains_from_hf(tmp_path):
 CRASHING_EXPORT = """
 import os, sys, torch
 from tensordict import TensorDict
-import torchrl.data.replay_buffers._checkpoint_fs as fs
+import torchrl.data.replay_buffers._checkpoint.fs as fs
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 def crash(step):

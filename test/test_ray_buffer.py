@@ -33,8 +33,8 @@ from torchrl.data import (
     TensorDictReplayBuffer,
     tensordict_collate,
 )
+from torchrl.data.replay_buffers._ray.dataset import RayReplayBufferDataset
 from torchrl.data.replay_buffers.ray_buffer import RayReplayBufferClient
-from torchrl.data.replay_buffers.ray_dataset import RayReplayBufferDataset
 from torchrl.envs.transforms import Resize
 
 ray = pytest.importorskip("ray")
@@ -364,7 +364,7 @@ def test_ray_is_started_and_shut_down_by_the_buffers_that_started_it():
 def test_wire_round_trip_keeps_every_batch_kind_and_dtype():
     from tensordict import LazyStackedTensorDict, NonTensorData
 
-    from torchrl.data.replay_buffers._ray_wire import decode, encode
+    from torchrl.data.replay_buffers._ray.wire import decode, encode
 
     nested = TensorDict(obs=torch.arange(6.0).reshape(3, 2), done=torch.tensor([True, False, True]),
                         half=torch.arange(3, dtype=torch.bfloat16),

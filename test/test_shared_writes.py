@@ -32,7 +32,9 @@ from torchrl.data import (
     TensorDictReplayBuffer,
     tensordict_collate,
 )
-from torchrl.data.replay_buffers._shared import ProcessLock, RowVersions, TornReadError
+from torchrl.data.replay_buffers._shared.lock import ProcessLock
+from torchrl.data.replay_buffers._shared.row_versions import RowVersions
+from torchrl.data.replay_buffers.errors import TornReadError
 
 pytestmark = pytest.mark.multiprocess
 

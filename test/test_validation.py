@@ -5,8 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from torchrl._validation import check_bool, check_int, check_positive_int, is_int, is_real
-from torchrl.data.replay_buffers._members import check_members, check_per_member, member_at
+from torchrl._validation import (
+    check_bool,
+    check_int,
+    check_members,
+    check_per_member,
+    check_positive_int,
+    is_int,
+    is_real,
+    member_at,
+)
 
 
 @pytest.mark.parametrize("value, expected", [(3, True), (np.int64(3), True), (True, False), (3.0, False), ("3", False)])

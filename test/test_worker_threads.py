@@ -16,7 +16,7 @@ from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
 from torchrl.data import LazyTensorStorage, ReplayBuffer, tensordict_collate
-from torchrl.data.replay_buffers._worker_threads import check_worker_threads, uses_openmp
+from torchrl.data.replay_buffers.loading.worker_threads import check_worker_threads, uses_openmp
 
 pytestmark = [
     pytest.mark.multiprocess,

@@ -1,9 +1,7 @@
 """Replay buffers: storages, samplers, writers and the buffers that combine them."""
 
-from torchrl.data.replay_buffers._cleanup import cleanup_stale_scratch_dirs
-from torchrl.data.replay_buffers._collate import tensordict_collate
-from torchrl.data.replay_buffers._shared import TornReadError
-from torchrl.data.replay_buffers._torchrl_names import REPLAY_BUFFER_NAMES, not_provided_getattr
+from torchrl.data._torchrl_names import REPLAY_BUFFER_NAMES, not_provided_getattr
+from torchrl.data.replay_buffers._shared.cleanup import cleanup_stale_scratch_dirs
 from torchrl.data.replay_buffers.checkpointers import (
     ListStorageCheckpointer,
     StorageCheckpointerBase,
@@ -15,6 +13,8 @@ from torchrl.data.replay_buffers.checkpointers_ted import (
     H5StorageCheckpointer,
     NestedStorageCheckpointer,
 )
+from torchrl.data.replay_buffers.errors import TornReadError
+from torchrl.data.replay_buffers.loading.collate import tensordict_collate
 from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer  # Ray itself is imported on use
 from torchrl.data.replay_buffers.replay_buffers import (
     ConditionalUpdateResult,
@@ -61,7 +61,7 @@ from torchrl.data.replay_buffers.storages import (
     TensorStorage,
 )
 from torchrl.data.replay_buffers.storages.compressed import CompressedListStorageCheckpointer
-from torchrl.data.replay_buffers.storages.dataset import StorageDataset
+from torchrl.data.replay_buffers.storages.storage_dataset import StorageDataset
 from torchrl.data.replay_buffers.training_state import load_training_state, save_training_state
 from torchrl.data.replay_buffers.utils import (
     DEFAULT_DONE_KEYS,

@@ -58,7 +58,7 @@ crash but not against a power loss.
 Components. ``dumps``/``loads`` (:func:`dump_component`/:func:`load_component`) store one component per
 checkpoint, its description under ``metadata["component"] = {"class": "<module>.<qualname>", "doc": ...}``.
 The class name is only compared with the target's, never imported. Each component writes its own ``doc`` and
-tensors through the part protocol of :mod:`torchrl.data.replay_buffers._persistence` (this module knows no
+tensors through the part protocol of :mod:`torchrl.data.replay_buffers._checkpoint.parts` (this module knows no
 component). A replay buffer's ``doc`` holds its ``batch_size``, generator state (``rng/state``) and one part
 per component; a tensor storage's holds its capacity, ``ndim``, data codec, row counters and the key, shape and
 dtype of every leaf, whose written rows are stored at ``storage/<key path>.memmap``; samplers, writers and
@@ -91,11 +91,11 @@ from typing import Any
 
 import torch
 
-import torchrl.data.replay_buffers._checkpoint_fs as _fs
-import torchrl.data.replay_buffers._checkpoint_io as _io
-import torchrl.data.replay_buffers._persistence as _persistence
+import torchrl.data.replay_buffers._checkpoint.fs as _fs
+import torchrl.data.replay_buffers._checkpoint.io as _io
+import torchrl.data.replay_buffers._checkpoint.parts as _persistence
 from torchrl._files import fsync_file, write_new_file
-from torchrl.data.replay_buffers._checkpoint_args import (
+from torchrl.data.replay_buffers._checkpoint.args import (
     advance_fn,
     check_metadata,
     check_path,
@@ -104,8 +104,7 @@ from torchrl.data.replay_buffers._checkpoint_args import (
     check_tensors,
     progress_bar,
 )
-from torchrl.data.replay_buffers._checkpoint_io import CheckpointError
-from torchrl.data.replay_buffers._checkpoint_validate import (
+from torchrl.data.replay_buffers._checkpoint.validate import (
     FORMAT,
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
@@ -113,6 +112,7 @@ from torchrl.data.replay_buffers._checkpoint_validate import (
     read_validated_metadata_bytes,
     validated_entries,
 )
+from torchrl.data.replay_buffers.errors import CheckpointError
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -341,7 +341,7 @@ def register_checkpoint_handler(cls: type, *, dump: Callable, load: Callable, ch
     Handlers are looked up along the class's MRO, so a subclass inherits its parent's handler unless it
     registers its own, and a handler wins over the class's own ``checkpoint_part`` methods. Use it for
     classes you do not own: a class you write implements the part protocol itself (see
-    :mod:`torchrl.data.replay_buffers._persistence`), and any object with ``state_dict()`` and
+    :mod:`torchrl.data.replay_buffers._checkpoint.parts`), and any object with ``state_dict()`` and
     ``load_state_dict()`` is saved without either (tensors become files, the rest JSON).
 
     Args:
@@ -378,7 +378,7 @@ def dump_component(obj, path, *, fsync: bool = True, progress: bool | None = Non
     """Saves a storage, sampler, writer or replay buffer to the checkpoint directory ``path``.
 
     This is what ``obj.dumps(path)`` runs. The checkpoint's metadata holds ``{"component": {"class": ...,
-    "doc": ...}}`` where ``doc`` is the component's part (see :mod:`torchrl.data.replay_buffers._persistence`).
+    "doc": ...}}`` where ``doc`` is the component's part (see :mod:`torchrl.data.replay_buffers._checkpoint.parts`).
 
     Args:
         obj: the component.
@@ -459,7 +459,7 @@ class StorageCheckpointerBase:
 
     TorchRL lets each storage hand its ``dumps``/``loads`` to a checkpointer object; these classes keep its names
     and that seam, on the pickle-free format of this module: :meth:`dumps` writes the checkpoint of
-    :func:`dump_component` (the storage's own part: see :mod:`torchrl.data.replay_buffers._persistence`) and
+    :func:`dump_component` (the storage's own part: see :mod:`torchrl.data.replay_buffers._checkpoint.parts`) and
     :meth:`loads` reads it back with every check of :func:`load_component`. So checkpoints written through a
     checkpointer and through ``storage.dumps`` are the same, and ``rb.dumps`` (which saves the storage's part with
     the rest of the buffer) is unaffected by the choice. Subclass and override :meth:`dumps`/:meth:`loads` to

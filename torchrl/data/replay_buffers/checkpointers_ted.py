@@ -29,16 +29,16 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-import torchrl.data.replay_buffers._checkpoint_io as _io
-from torchrl.data.replay_buffers._checkpoint_args import check_path
-from torchrl.data.replay_buffers._checkpoint_io import CheckpointError
-from torchrl.data.replay_buffers._checkpoint_validate import check_int_field
-from torchrl.data.replay_buffers._persistence import PartContext, check_class, mismatch, qualname
+import torchrl.data.replay_buffers._checkpoint.io as _io
+from torchrl.data.replay_buffers._checkpoint.args import check_path
+from torchrl.data.replay_buffers._checkpoint.parts import PartContext, check_class, mismatch, qualname
+from torchrl.data.replay_buffers._checkpoint.validate import check_int_field
 from torchrl.data.replay_buffers.checkpointers import (
     TensorStorageCheckpointer,
     read_checkpoint,
     write_checkpoint,
 )
+from torchrl.data.replay_buffers.errors import CheckpointError
 from torchrl.data.replay_buffers.storages._checkpoint import leaf_names
 from torchrl.data.replay_buffers.storages._nontensor import has_nontensor
 from torchrl.data.replay_buffers.ted import Flat2TED, H5Combine, H5Split, Nested2TED, TED2Flat, TED2Nested

@@ -9,7 +9,7 @@ there only. Every other object is a handle that sends method calls to that actor
 - :class:`RayReplayBufferClient` (``rb.client()``, ``rb.clients(n)``, or a pickled ``rb``) has no lifecycle
   rights; it is picklable and finds the actor by name, joining the same cluster if its process is not connected
   yet. Collectors, learners and DataLoader workers hold clients;
-- :class:`~torchrl.data.replay_buffers.ray_dataset.RayReplayBufferDataset` (``rb.as_dataset()``, in
+- :class:`~torchrl.data.replay_buffers._ray.dataset.RayReplayBufferDataset` (``rb.as_dataset()``, in
   ``ray_dataset.py``): each DataLoader worker draws raw batches from the actor and runs the buffer's transforms
   itself.
 
@@ -22,17 +22,17 @@ import functools
 import uuid
 from typing import Any
 
-from torchrl.data.replay_buffers._ray_host import SELF, BufferHost, check_constructors
-from torchrl.data.replay_buffers._ray_runtime import (
+from torchrl.data.replay_buffers._ray.dataset import RayReplayBufferDataset
+from torchrl.data.replay_buffers._ray.host import SELF, BufferHost, check_constructors
+from torchrl.data.replay_buffers._ray.runtime import (
     RuntimeLease,
     check_not_forked,
     connect,
     dead_actor_error,
     import_ray,
 )
-from torchrl.data.replay_buffers._ray_wire import decode, decode_all
-from torchrl.data.replay_buffers._worker_transport import DEFAULT_TRANSPORT
-from torchrl.data.replay_buffers.ray_dataset import RayReplayBufferDataset
+from torchrl.data.replay_buffers._ray.wire import decode, decode_all
+from torchrl.data.replay_buffers.loading.worker_transport import DEFAULT_TRANSPORT
 from torchrl.data.replay_buffers.replay_buffers import ReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers._service_backend import (
     check_service_options,

@@ -10,7 +10,7 @@ exactly as ``rb.dumps(path)`` saves it, so ``rb.loads(path)`` also reads such a 
                        "rng": <torch's global generator state>, "loader_generator": ... | null,
                        "extra": <the caller's state, encoded> | null}
 
-where an encoded state is the JSON tree of :mod:`torchrl.data.replay_buffers._persistence` (its tensors are
+where an encoded state is the JSON tree of :mod:`torchrl.data.replay_buffers._checkpoint.parts` (its tensors are
 files under ``training/``) and ``bytes`` become uint8 tensors.
 """
 
@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
-import torchrl.data.replay_buffers._persistence as _persistence
-from torchrl.data.replay_buffers._checkpoint_args import check_path
-from torchrl.data.replay_buffers._checkpoint_io import CheckpointError
-from torchrl.data.replay_buffers._loader_state import check_loader_state
+import torchrl.data.replay_buffers._checkpoint.parts as _persistence
+from torchrl.data.replay_buffers._checkpoint.args import check_path
 from torchrl.data.replay_buffers.checkpointers import read_checkpoint, write_checkpoint
+from torchrl.data.replay_buffers.errors import CheckpointError
+from torchrl.data.replay_buffers.loading.resume_state import check_loader_state
 
 __all__ = ["load_training_state", "save_training_state"]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import torchrl.data.replay_buffers.replay_buffers._prefetch_state as _prefetch_state
-from torchrl.data.replay_buffers._generator_state import generator_from_state, generator_to_state
-from torchrl.data.replay_buffers._persistence import PartContext
-from torchrl.data.replay_buffers._shared import is_spawning
+from torchrl.data.replay_buffers._checkpoint.generator_state import generator_from_state, generator_to_state
+from torchrl.data.replay_buffers._checkpoint.parts import PartContext
+from torchrl.data.replay_buffers._shared.counters import is_spawning
 from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
 from torchrl.data.replay_buffers.replay_buffers._checkpoint import (
     buffer_part,
@@ -116,7 +116,7 @@ class BufferStateMixin:
     save = dumps
     load = loads
 
-    # -- checkpoint part (the protocol of torchrl.data.replay_buffers._persistence) ----------------------------------
+    # -- checkpoint part (the protocol of torchrl.data.replay_buffers._checkpoint.parts) ----------------------------------
     checkpoint_role = "replay buffer"
 
     def _checkpoint_children(self) -> dict[str, Any]:

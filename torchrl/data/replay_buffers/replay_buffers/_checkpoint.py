@@ -1,7 +1,7 @@
 """The checkpoint part of a replay buffer: its children's parts, its batch size and its generator state.
 
 :class:`~torchrl.data.ReplayBuffer` implements the part protocol of
-:mod:`torchrl.data.replay_buffers._persistence` by handing its children (``{"storage": ..., "sampler": ...,
+:mod:`torchrl.data.replay_buffers._checkpoint.parts` by handing its children (``{"storage": ..., "sampler": ...,
 "writer": ..., "transforms": ...}``), batch size and generator to these functions. The part::
 
     {"class": ..., "batch_size": int | null, "rng": null | {"device": str, "state": "<prefix>rng/state"},
@@ -20,10 +20,8 @@ from typing import Any
 
 import torch
 
-from torchrl.data.replay_buffers._checkpoint_io import CheckpointError
-from torchrl.data.replay_buffers._checkpoint_validate import check_int_field
-from torchrl.data.replay_buffers._generator_state import generator_from_state, generator_to_state
-from torchrl.data.replay_buffers._persistence import (
+from torchrl.data.replay_buffers._checkpoint.generator_state import generator_from_state, generator_to_state
+from torchrl.data.replay_buffers._checkpoint.parts import (
     PartContext,
     check_class,
     check_part,
@@ -31,6 +29,8 @@ from torchrl.data.replay_buffers._persistence import (
     load_part,
     qualname,
 )
+from torchrl.data.replay_buffers._checkpoint.validate import check_int_field
+from torchrl.data.replay_buffers.errors import CheckpointError
 
 ROLES = ("storage", "sampler", "writer", "transforms")
 _SMALL = ("sampler", "writer", "transforms")

@@ -1,12 +1,12 @@
-"""The buffer's side of :mod:`~torchrl.data.replay_buffers.hf_exchange`: ``rb.export_hf``,
+"""The buffer's side of :mod:`~torchrl.data.replay_buffers.hf.export`: ``rb.export_hf``,
 ``rb.extend_from_hf`` and ``ReplayBuffer.from_hf``."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from torchrl.data.replay_buffers._hf_import import HFReader, chunk_rows_for
-from torchrl.data.replay_buffers.hf_exchange import export_hf
+from torchrl.data.replay_buffers.hf.export import export_hf
+from torchrl.data.replay_buffers.hf.importer import HFReader, chunk_rows_for
 from torchrl.data.replay_buffers.storages import LazyTensorStorage, ListStorage, TensorStorage
 
 

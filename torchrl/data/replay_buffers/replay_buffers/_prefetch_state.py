@@ -16,7 +16,7 @@ import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDict, TensorDictBase
 
-from torchrl.data.replay_buffers._checkpoint_io import CheckpointError
+from torchrl.data.replay_buffers.errors import CheckpointError
 
 PREFETCH_STATE_VERSION = 1
 

@@ -23,7 +23,7 @@ import torch
 from tensordict import TensorDictBase, is_tensorclass
 
 from torchrl._validation import check_int, check_positive_int
-from torchrl.data.replay_buffers._collate import stack_samples
+from torchrl.data.replay_buffers.loading.collate import stack_samples
 from torchrl.data.replay_buffers.replay_buffers._buffer_state import BufferStateMixin
 from torchrl.data.replay_buffers.replay_buffers._capabilities import (
     check_component,

@@ -32,19 +32,23 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from torchrl._validation import check_bool
-from torchrl.data.replay_buffers._loader_state import ReaderPosition, check_reader_state
-from torchrl.data.replay_buffers._persistence import qualname
-from torchrl.data.replay_buffers._ranks import (
+from torchrl.data.replay_buffers._checkpoint.parts import qualname
+from torchrl.data.replay_buffers._shared.counters import is_spawning
+from torchrl.data.replay_buffers.errors import EpochEnded
+from torchrl.data.replay_buffers.loading.ranks import (
     Reader,
     current_reader,
     iteration_key,
     reader_quota,
     resolve_rank,
 )
-from torchrl.data.replay_buffers._shared import is_spawning
-from torchrl.data.replay_buffers._worker_threads import ForkThreadGuard
-from torchrl.data.replay_buffers._worker_transport import DEFAULT_TRANSPORT, check_transport, prepare_batch
-from torchrl.data.replay_buffers.samplers.base import EpochEnded
+from torchrl.data.replay_buffers.loading.resume_state import ReaderPosition, check_reader_state
+from torchrl.data.replay_buffers.loading.worker_threads import ForkThreadGuard
+from torchrl.data.replay_buffers.loading.worker_transport import (
+    DEFAULT_TRANSPORT,
+    check_transport,
+    prepare_batch,
+)
 
 __all__ = ["ReplayBufferDataset"]
 

@@ -30,15 +30,15 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from torchrl.data.replay_buffers._collate import stack_samples
-from torchrl.data.replay_buffers._generator_state import generator_from_state, generator_to_state
-from torchrl.data.replay_buffers._members import check_members, member_at
-from torchrl.data.replay_buffers._persistence import (
+from torchrl._validation import check_members, member_at
+from torchrl.data.replay_buffers._checkpoint.generator_state import generator_from_state, generator_to_state
+from torchrl.data.replay_buffers._checkpoint.parts import (
     PartContext,
     check_state_part,
     dump_state_part,
     load_state_part,
 )
+from torchrl.data.replay_buffers.loading.collate import stack_samples
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
 from torchrl.data.replay_buffers.samplers.ensemble import SamplerEnsemble
 from torchrl.data.replay_buffers.storages.ensemble import StorageEnsemble, _member_index

@@ -1,6 +1,7 @@
 """Samplers: how a replay buffer picks the indices of a batch."""
 
-from torchrl.data.replay_buffers.samplers.base import EpochEnded, Sampler
+from torchrl.data.replay_buffers.errors import EpochEnded
+from torchrl.data.replay_buffers.samplers.base import Sampler
 from torchrl.data.replay_buffers.samplers.consuming import ConsumingSampler
 from torchrl.data.replay_buffers.samplers.ensemble import SamplerEnsemble
 from torchrl.data.replay_buffers.samplers.prioritized import PrioritizedSampler

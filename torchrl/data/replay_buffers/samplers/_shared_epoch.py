@@ -54,8 +54,8 @@ import hashlib
 import numpy as np
 import torch
 
-from torchrl.data.replay_buffers.samplers._shared_state import SharedArray, StateGuard
-from torchrl.data.replay_buffers.samplers.base import EpochEnded
+from torchrl.data.replay_buffers._shared.arrays import SharedArray, StateGuard
+from torchrl.data.replay_buffers.errors import EpochEnded
 
 __all__ = ["Pin", "SharedEpoch"]
 

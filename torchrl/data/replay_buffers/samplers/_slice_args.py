@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from torchrl._validation import check_positive_int, is_int
-from torchrl.data.replay_buffers._errors import ValueRuntimeError
+from torchrl.data.replay_buffers.errors import ValueRuntimeError
 from torchrl.data.replay_buffers.samplers._trajectories import normalize_key
 
 

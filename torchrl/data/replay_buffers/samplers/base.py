@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from torchrl._validation import check_bool, check_positive_int
-from torchrl.data.replay_buffers._component import Component
+from torchrl.data.replay_buffers.component import Component
 
 _INT64_MAX = torch.iinfo(torch.int64).max
 
@@ -136,14 +136,6 @@ def _check_forwarded(cls: type, target: type, args: tuple, kwargs: dict) -> None
             f"{cls.__name__}(..., replacement=False) builds a {target.__name__}{signature}, which cannot "
             f"take these arguments: {err}. Pass the arguments of {target.__name__}."
         ) from None
-
-
-class EpochEnded(Exception):
-    """Raised by ``sample()`` of a sampler pinned to an epoch (:meth:`Sampler.pin_epoch`) once that epoch ended.
-
-    Nothing was drawn. :class:`~torchrl.data.ReplayBufferDataset` catches it to end a DataLoader epoch at the
-    sampler's epoch boundary in every worker.
-    """
 
 
 class Sampler(Component, metaclass=_SamplerMeta):

@@ -18,7 +18,7 @@ slot below it is live or free.
 
 Sharing (:meth:`ConsumingSampler.share_memory_`): the tensors move to shared memory at their final size (the
 storage's capacity, from :meth:`ConsumingSampler.reserve`), the four scalars to a
-:class:`~torchrl.data.replay_buffers._shared.SharedCounters`, and every public method holds one
+:class:`~torchrl.data.replay_buffers._shared.counters.SharedCounters`, and every public method holds one
 ``ProcessLock``: a draw in a DataLoader worker and a write in the main process each see and leave a consistent
 state. Private samplers take a no-op lock.
 """
@@ -32,8 +32,10 @@ import numpy as np
 import torch
 
 from torchrl._validation import check_positive_int
-from torchrl.data.replay_buffers._shared import NULL_LOCK, ProcessLock, SharedCounters, is_spawning
-from torchrl.data.replay_buffers.samplers.base import EpochEnded, Sampler, check_batch_size
+from torchrl.data.replay_buffers._shared.counters import SharedCounters, is_spawning
+from torchrl.data.replay_buffers._shared.lock import NULL_LOCK, ProcessLock
+from torchrl.data.replay_buffers.errors import EpochEnded
+from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size
 
 __all__ = ["ConsumingSampler"]
 
@@ -208,7 +210,7 @@ class ConsumingSampler(Sampler):
         return self
 
     def pin_epoch(self, key: int | None = None, readers: int = 1) -> None:
-        """Makes :meth:`sample` raise :class:`~torchrl.data.replay_buffers.samplers.base.EpochEnded` instead of a
+        """Makes :meth:`sample` raise :class:`~torchrl.data.replay_buffers.errors.EpochEnded` instead of a
         ``RuntimeError`` when nothing is left to draw, until :meth:`unpin_epoch`: a DataLoader iteration over
         ``rb.as_dataset()`` (``num_batches=None``) then ends in every worker once the items are consumed."""
         self._pinned = True

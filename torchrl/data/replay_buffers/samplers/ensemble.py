@@ -19,9 +19,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from torchrl._validation import check_bool, check_positive_int
-from torchrl.data.replay_buffers._collate import stack_samples
-from torchrl.data.replay_buffers._members import check_members, member_at
+from torchrl._validation import check_bool, check_members, check_positive_int, member_at
+from torchrl.data.replay_buffers.loading.collate import stack_samples
 from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size
 from torchrl.data.replay_buffers.storages.ensemble import StorageEnsemble, _flat_member_index
 

@@ -12,7 +12,7 @@ raveled with their shape) and only the first ``len(storage)`` of them are ever s
 State: the two trees, the raw priorities and a few scalars (``alpha``, ``beta``, ``eps``, the max priority and
 where it is, one past the last position holding a priority). :meth:`PrioritizedSampler.share_memory_` moves
 all of it to shared memory (a dataset read by DataLoader workers does it), guarded by a
-:class:`~torchrl.data.replay_buffers.samplers._shared_state.StateGuard`: see NOTE [prioritized consistency]
+:class:`~torchrl.data.replay_buffers._shared.arrays.StateGuard`: see NOTE [prioritized consistency]
 in the class docstring.
 """
 
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchrl.data.replay_buffers._shared.arrays import SharedArray, StateGuard
 from torchrl.data.replay_buffers.samplers._priorities import (
     REDUCTIONS,
     _check_dtype,
@@ -36,7 +37,6 @@ from torchrl.data.replay_buffers.samplers._priorities import (
     reduce_priority,
 )
 from torchrl.data.replay_buffers.samplers._priority_index import PriorityArguments
-from torchrl.data.replay_buffers.samplers._shared_state import SharedArray, StateGuard
 from torchrl.data.replay_buffers.samplers._stable_items import unstable_items_error
 from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, unravel
 from torchrl.data.replay_buffers.samplers.segment_tree import (

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
+from torchrl.data.replay_buffers.errors import EpochEnded
 from torchrl.data.replay_buffers.samplers._shared_epoch import Pin, SharedEpoch
 from torchrl.data.replay_buffers.samplers.base import (
-    EpochEnded,
     Sampler,
     check_batch_size,
     register_without_replacement,

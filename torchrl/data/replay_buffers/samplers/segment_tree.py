@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from torchrl._validation import check_int, check_positive_int, is_int
-from torchrl.data.replay_buffers.samplers._shared_state import SharedArray
+from torchrl.data.replay_buffers._shared.arrays import SharedArray
 
 # Levels from the root whose slots ``update`` recomputes whole and ``scan_lower_bound`` searches with one
 # cumsum: 2 ** 11 slots is where a contiguous pass becomes cheaper than per-level scattered gathers.

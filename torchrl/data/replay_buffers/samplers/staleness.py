@@ -20,7 +20,7 @@ import torch
 from tensordict import TensorDictBase
 
 from torchrl._validation import check_int, is_int
-from torchrl.data.replay_buffers._shared import SharedCounters
+from torchrl.data.replay_buffers._shared.counters import SharedCounters
 from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, unravel
 
 __all__ = ["StalenessAwareSampler"]

@@ -1,6 +1,6 @@
 """Storages: where a replay buffer keeps its data."""
 
-from torchrl.data.replay_buffers._torchrl_names import not_provided_getattr
+from torchrl.data._torchrl_names import not_provided_getattr
 from torchrl.data.replay_buffers.storages._registry import _MEMMAP_STORAGE_REGISTRY  # noqa: F401 (TorchRL path)
 from torchrl.data.replay_buffers.storages.base import Storage
 from torchrl.data.replay_buffers.storages.compressed import CompressedListStorage

@@ -1,7 +1,7 @@
 """The checkpoint parts of tensor and list storages, as functions of the values the storage hands over.
 
 :class:`~torchrl.data.TensorStorage` and :class:`~torchrl.data.ListStorage` implement the part protocol of
-:mod:`torchrl.data.replay_buffers._persistence` in their own files and call these helpers with their fields
+:mod:`torchrl.data.replay_buffers._checkpoint.parts` in their own files and call these helpers with their fields
 (backing TensorDict, row counters, items); nothing here reads a storage's attributes.
 
 Tensor storage part (``doc``): ``class``, ``max_size``, ``ndim``, ``initialized`` and, once initialized,
@@ -26,11 +26,11 @@ from typing import Any, NamedTuple
 import torch
 from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
-import torchrl.data.replay_buffers._checkpoint_io as _io
+import torchrl.data.replay_buffers._checkpoint.io as _io
 import torchrl.data.replay_buffers.storages._ragged as _ragged
-from torchrl.data.replay_buffers._checkpoint_io import CheckpointError
-from torchrl.data.replay_buffers._checkpoint_validate import check_int_field
-from torchrl.data.replay_buffers._persistence import PartContext, check_class, mismatch, qualname
+from torchrl.data.replay_buffers._checkpoint.parts import PartContext, check_class, mismatch, qualname
+from torchrl.data.replay_buffers._checkpoint.validate import check_int_field
+from torchrl.data.replay_buffers.errors import CheckpointError
 from torchrl.data.replay_buffers.storages._codec import DataCodec
 
 

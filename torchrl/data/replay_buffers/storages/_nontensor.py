@@ -30,6 +30,8 @@ from __future__ import annotations
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 
+from torchrl.data.replay_buffers.errors import StringTooLong
+
 __all__ = [
     "MIN_WIDTH",
     "STRINGS_KEY",
@@ -51,23 +53,6 @@ MIN_WIDTH = 256
 """The smallest width (bytes per string) an entry gets when the storage was given no ``max_string_bytes``."""
 
 _NON_TENSOR = (NonTensorData, NonTensorStack)
-
-
-class StringTooLong(ValueError):
-    """A string longer than the width its stored entry was allocated with."""
-
-    def __init__(self, key: tuple, needed: int, width: int, fixed: bool):
-        self.key, self.needed, self.width = key, needed, width
-        why = (
-            "the storage was built with this `max_string_bytes`"
-            if fixed
-            else "the storage is shared with other processes or memory-mapped: its entries cannot be resized"
-        )
-        super().__init__(
-            f"Entry {_show(key)!r} of the data written holds a string of {needed} UTF-8 bytes; the storage keeps "
-            f"this entry {width} bytes wide ({why}). Build the storage with a larger `max_string_bytes` (e.g. "
-            f"max_string_bytes={_pow2(needed)}), or shorten the strings. Nothing was written."
-        )
 
 
 def _show(key: tuple):

@@ -39,8 +39,8 @@ from tensordict import (
     is_non_tensor,
 )
 
-import torchrl.data.replay_buffers._checkpoint_io as _io
-from torchrl.data.replay_buffers._checkpoint_io import CheckpointError
+import torchrl.data.replay_buffers._checkpoint.io as _io
+from torchrl.data.replay_buffers.errors import CheckpointError
 from torchrl.data.replay_buffers.storages._codec import TENSOR_KEY, DataCodec
 
 PAYLOADS = ("values", "bytes")

@@ -3,7 +3,7 @@
 A mixin of :class:`~torchrl.data.TensorStorage` (it uses the storage's ``_storage`` backing, ``_codec``,
 ``_versions`` and ``ndim``). With row versions (a storage shared between processes, ``consistent_reads``),
 a gather that a write overlapped reads the rows that write stamped again; see
-:class:`~torchrl.data.replay_buffers._shared.RowVersions`.
+:class:`~torchrl.data.replay_buffers._shared.row_versions.RowVersions`.
 """
 
 from __future__ import annotations

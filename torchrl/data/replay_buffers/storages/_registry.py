@@ -3,7 +3,7 @@ themselves (those built without ``scratch_dir``, whose temporary directory is re
 
 TorchRL keeps such storages in a module-level ``WeakSet`` that its tests and some user code inspect
 (``storage in _MEMMAP_STORAGE_REGISTRY``). Here the cleanup itself is done by
-:mod:`torchrl.data.replay_buffers._cleanup`, which knows directories, not storages: this view only answers
+:mod:`torchrl.data.replay_buffers._shared.cleanup`, which knows directories, not storages: this view only answers
 the question. :class:`~torchrl.data.LazyMemmapStorage` calls :func:`register_memmap_storage` once, when it is
 built; copies made by pickling are not registered (they never remove the directory).
 

@@ -20,9 +20,9 @@ import time
 
 from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
-import torchrl.data.replay_buffers._checkpoint_io as _io
+import torchrl.data.replay_buffers._checkpoint.io as _io
 from torchrl._files import write_file_atomically
-from torchrl.data.replay_buffers._shared import SharedCounters
+from torchrl.data.replay_buffers._shared.counters import SharedCounters
 from torchrl.data.replay_buffers.storages._codec import DataCodec
 
 _LAYOUT = "layout.json"

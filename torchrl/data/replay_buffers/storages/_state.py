@@ -2,7 +2,7 @@
 
 A mixin of :class:`~torchrl.data.TensorStorage` (it uses the storage's ``_storage`` backing, ``_codec``,
 ``_counters``, ``_versions`` and ``write_lock``). The checkpoint part follows the protocol of
-:mod:`torchrl.data.replay_buffers._persistence`; its layout is described in :mod:`._checkpoint`. A storage
+:mod:`torchrl.data.replay_buffers._checkpoint.parts`; its layout is described in :mod:`._checkpoint`. A storage
 whose ``checkpointer`` saves another layout (``FlatStorageCheckpointer``, ``NestedStorageCheckpointer``,
 ``H5StorageCheckpointer``: a ``storage_layout`` attribute and ``dump/check/load_storage_part`` methods) hands
 its part to it, so that ``storage.dumps`` and ``rb.dumps`` both write that layout; a checkpoint records the
@@ -16,7 +16,7 @@ from typing import Any
 from tensordict import TensorDict, TensorDictBase
 
 import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
-from torchrl.data.replay_buffers._persistence import PartContext, mismatch
+from torchrl.data.replay_buffers._checkpoint.parts import PartContext, mismatch
 from torchrl.data.replay_buffers.storages._codec import DataCodec
 
 

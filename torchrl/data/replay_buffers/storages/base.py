@@ -33,10 +33,10 @@ from typing import Any
 import torch
 
 from torchrl._validation import check_bool, check_positive_int
-from torchrl.data.replay_buffers._component import Component
-from torchrl.data.replay_buffers._shared import NULL_LOCK
+from torchrl.data.replay_buffers._shared.lock import NULL_LOCK
 from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
-from torchrl.data.replay_buffers.storages.dataset import StorageDataset
+from torchrl.data.replay_buffers.component import Component
+from torchrl.data.replay_buffers.storages.storage_dataset import StorageDataset
 
 
 class Storage(Component, abc.ABC):

@@ -21,10 +21,10 @@ from tensordict import NonTensorData, is_tensorclass
 import torchrl.data.replay_buffers.storages._compression as _compression
 import torchrl.data.replay_buffers.storages._ragged as _ragged
 from torchrl._validation import check_int
-from torchrl.data.replay_buffers._checkpoint_io import CheckpointError
-from torchrl.data.replay_buffers._checkpoint_validate import check_int_field
-from torchrl.data.replay_buffers._persistence import PartContext, check_class, mismatch, qualname
+from torchrl.data.replay_buffers._checkpoint.parts import PartContext, check_class, mismatch, qualname
+from torchrl.data.replay_buffers._checkpoint.validate import check_int_field
 from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
+from torchrl.data.replay_buffers.errors import CheckpointError
 from torchrl.data.replay_buffers.storages._codec import DataCodec
 from torchrl.data.replay_buffers.storages._index import as_index_tensor, is_int
 from torchrl.data.replay_buffers.storages.list import ListStorage, _split_batch
@@ -239,7 +239,7 @@ class CompressedListStorage(ListStorage):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(max_size={self.max_size}, len={len(self)}, codec={self.codec!r})"
 
-    # -- checkpoint part (the protocol of torchrl.data.replay_buffers._persistence) --------------------------
+    # -- checkpoint part (the protocol of torchrl.data.replay_buffers._checkpoint.parts) --------------------------
     def checkpoint_part(self, ctx: PartContext) -> tuple[dict, dict]:
         records = [_json_record(i, r) for i, r in enumerate(self._storage)]
         tensors, groups = _ragged.ragged_groups(records, ctx, "bytes")

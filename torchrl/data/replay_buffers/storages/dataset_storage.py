@@ -21,8 +21,8 @@ from typing import Any
 
 from torch.utils.data import Dataset, IterableDataset
 
-from torchrl.data.replay_buffers._collate import tensordict_collate
-from torchrl.data.replay_buffers._persistence import PartContext
+from torchrl.data.replay_buffers._checkpoint.parts import PartContext
+from torchrl.data.replay_buffers.loading.collate import tensordict_collate
 from torchrl.data.replay_buffers.storages._index import as_index_tensor, check_bounds, check_int, is_int
 from torchrl.data.replay_buffers.storages.base import Storage
 

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from torchrl.data.replay_buffers._collate import stack_samples
-from torchrl.data.replay_buffers._members import check_members, check_per_member, member_id
+from torchrl._validation import check_members, check_per_member, member_id
 from torchrl.data.replay_buffers.checkpointers import StorageEnsembleCheckpointer
+from torchrl.data.replay_buffers.loading.collate import stack_samples
 from torchrl.data.replay_buffers.storages._index import is_int
 from torchrl.data.replay_buffers.storages.base import Storage
 from torchrl.envs.transforms.transforms import Compose, as_transform

@@ -15,8 +15,8 @@ import torch.utils._pytree as pytree
 from tensordict import TensorDictBase, is_tensorclass
 
 import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
-from torchrl.data.replay_buffers._persistence import PartContext
-from torchrl.data.replay_buffers._shared import is_spawning
+from torchrl.data.replay_buffers._checkpoint.parts import PartContext
+from torchrl.data.replay_buffers._shared.counters import is_spawning
 from torchrl.data.replay_buffers.checkpointers import ListStorageCheckpointer
 from torchrl.data.replay_buffers.storages._index import as_index_tensor, check_bounds, check_int, is_int
 from torchrl.data.replay_buffers.storages.base import Storage
@@ -142,7 +142,7 @@ class ListStorage(Storage):
             for item in items
         ]
 
-    # -- checkpoint part (the protocol of torchrl.data.replay_buffers._persistence) ------------------------------
+    # -- checkpoint part (the protocol of torchrl.data.replay_buffers._checkpoint.parts) ------------------------------
     def checkpoint_part(self, ctx: PartContext) -> tuple[dict, dict]:
         return _ckpt.list_storage_part(self, list(self._storage), ctx)
 

@@ -3,7 +3,7 @@
 Files use tensordict's memmap layout (``meta.json`` per level, one ``<key>.memmap`` per leaf) in
 ``scratch_dir``, or in a temporary directory ``torchrl-memmap-<pid>-<random>`` that this storage creates and
 removes when it is garbage collected, at normal exit and on SIGTERM (see
-:mod:`torchrl.data.replay_buffers._cleanup`); SIGKILL leaves it, for
+:mod:`torchrl.data.replay_buffers._shared.cleanup`); SIGKILL leaves it, for
 :func:`~torchrl.data.cleanup_stale_scratch_dirs`. Copies of the storage (pickle, DataLoader workers under
 fork, spawn or forkserver) re-open the same files: content is never copied, and a copy never removes the
 directory.
@@ -18,8 +18,12 @@ import torch
 from tensordict import TensorDictBase
 
 import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
-from torchrl.data.replay_buffers._cleanup import make_scratch_dir, remove_owned_path, unregister_owned_path
-from torchrl.data.replay_buffers._errors import FileExistsRuntimeError
+from torchrl.data.replay_buffers._shared.cleanup import (
+    make_scratch_dir,
+    remove_owned_path,
+    unregister_owned_path,
+)
+from torchrl.data.replay_buffers.errors import FileExistsRuntimeError
 from torchrl.data.replay_buffers.storages._compat_args import check_auto_cleanup
 from torchrl.data.replay_buffers.storages._registry import register_memmap_storage
 from torchrl.data.replay_buffers.storages.tensor import LazyTensorStorage

@@ -5,7 +5,7 @@ Data model: whatever the user writes (tensor, TensorDict, tensorclass, pytree) i
 ``ndim > 1``); see :mod:`._codec`. Reads of an index batch are one ``index_select`` per leaf (no Python loop
 over items, no advanced indexing, which is ~20x slower on uint8 frames). Writes validate the whole batch
 (keys, shapes) before any leaf is touched. The number of filled rows, the last written row and a write
-revision live in shared memory (:class:`~torchrl.data.replay_buffers._shared.SharedCounters`).
+revision live in shared memory (:class:`~torchrl.data.replay_buffers._shared.counters.SharedCounters`).
 """
 
 from __future__ import annotations
@@ -22,15 +22,11 @@ from tensordict import TensorDictBase
 import torchrl.data.replay_buffers.storages._items as _items
 import torchrl.data.replay_buffers.storages._nontensor as _nt
 from torchrl._validation import check_bool, check_positive_int
-from torchrl.data.replay_buffers._checkpoint_io import advise_private_tensors
-from torchrl.data.replay_buffers._cleanup import make_scratch_dir, remove_owned_path
-from torchrl.data.replay_buffers._shared import (
-    NULL_LOCK,
-    ProcessLock,
-    RowVersions,
-    SharedCounters,
-    is_spawning,
-)
+from torchrl.data.replay_buffers._checkpoint.io import advise_private_tensors
+from torchrl.data.replay_buffers._shared.cleanup import make_scratch_dir, remove_owned_path
+from torchrl.data.replay_buffers._shared.counters import SharedCounters, is_spawning
+from torchrl.data.replay_buffers._shared.lock import NULL_LOCK, ProcessLock
+from torchrl.data.replay_buffers._shared.row_versions import RowVersions
 from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer
 from torchrl.data.replay_buffers.storages._casts import check_cast
 from torchrl.data.replay_buffers.storages._codec import DataCodec
@@ -260,7 +256,7 @@ class TensorStorage(RowReads, WriteEncoding, StorageState, Storage):
     def write_lock(self):
         """The lock that serializes writes from every thread and process sharing this storage.
 
-        A :class:`~torchrl.data.replay_buffers._shared.ProcessLock` once the storage is shared (memory-mapped
+        A :class:`~torchrl.data.replay_buffers._shared.lock.ProcessLock` once the storage is shared (memory-mapped
         storages always are), a no-op context manager before. :meth:`set` takes it; buffers hold it around a
         whole write (writer cursor, storage rows, counters, sampler update).
         """

@@ -16,10 +16,10 @@ import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDictBase, is_tensorclass
 
-from torchrl.data.replay_buffers._checkpoint_validate import check_int_field
-from torchrl.data.replay_buffers._component import Component
-from torchrl.data.replay_buffers._persistence import PartContext, check_state_counters
-from torchrl.data.replay_buffers._shared import SharedCounters
+from torchrl.data.replay_buffers._checkpoint.parts import PartContext, check_state_counters
+from torchrl.data.replay_buffers._checkpoint.validate import check_int_field
+from torchrl.data.replay_buffers._shared.counters import SharedCounters
+from torchrl.data.replay_buffers.component import Component
 
 
 class Writer(Component, abc.ABC):

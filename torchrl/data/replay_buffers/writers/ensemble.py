@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchrl.data.replay_buffers._members import check_members, member_at
+from torchrl._validation import check_members, member_at
 from torchrl.data.replay_buffers.writers.base import Writer
 
 

@@ -30,8 +30,8 @@ import torch
 from tensordict import TensorDictBase
 
 from torchrl._validation import check_bool
-from torchrl.data.replay_buffers._errors import TypeRuntimeError
-from torchrl.data.replay_buffers._shared import is_spawning
+from torchrl.data.replay_buffers._shared.counters import is_spawning
+from torchrl.data.replay_buffers.errors import TypeRuntimeError
 from torchrl.data.replay_buffers.writers.base import Writer
 
 _REDUCTIONS = ("max", "min", "mean", "median", "sum")

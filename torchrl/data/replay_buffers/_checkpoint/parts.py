@@ -66,8 +66,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-import torchrl.data.replay_buffers._checkpoint_io as _io
-from torchrl.data.replay_buffers._checkpoint_validate import check_int_field
+import torchrl.data.replay_buffers._checkpoint.io as _io
+from torchrl.data.replay_buffers._checkpoint.validate import check_int_field
 
 __all__ = [
     "Checkpointable",

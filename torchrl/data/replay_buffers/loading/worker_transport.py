@@ -46,6 +46,8 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 from torch.utils.data import get_worker_info
 
+from torchrl.data.replay_buffers.errors import RingGoneError
+
 __all__ = ["TRANSPORTS", "DEFAULT_TRANSPORT", "check_transport", "in_process_worker", "prepare_batch"]
 
 TRANSPORTS = ("ring", "consolidated", "torch")
@@ -237,10 +239,6 @@ def transport_stats() -> dict[str, int]:
     """``rings`` mapped now, ``maps`` made and batches ``received`` through rings by this process."""
     with _mapped_lock:
         return {"rings": len(_mapped), **_counts}
-
-
-class RingGoneError(RuntimeError):
-    """A ring message arrived after the worker that wrote it exited (before this process mapped its ring)."""
 
 
 def _map(path: str, token: int, total: int) -> torch.Tensor:

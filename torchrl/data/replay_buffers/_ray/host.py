@@ -18,7 +18,7 @@ import inspect
 
 from torch import nn
 
-from torchrl.data.replay_buffers._ray_wire import encode, encode_all
+from torchrl.data.replay_buffers._ray.wire import encode, encode_all
 from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.data.replay_buffers.storages import Storage
 from torchrl.data.replay_buffers.writers import Writer

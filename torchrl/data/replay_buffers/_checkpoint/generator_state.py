@@ -28,7 +28,7 @@ def generator_to_state(generator: torch.Generator | None, *, as_bytes: bool = Fa
 
     Examples:
         >>> import torch
-        >>> from torchrl.data.replay_buffers._generator_state import generator_from_state, generator_to_state
+        >>> from torchrl.data.replay_buffers._checkpoint.generator_state import generator_from_state, generator_to_state
         >>> g = torch.Generator().manual_seed(0)
         >>> copy = generator_from_state(generator_to_state(g, as_bytes=True))
         >>> torch.rand(2, generator=copy).tolist() == torch.rand(2, generator=g).tolist()

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-import torchrl.data.replay_buffers._checkpoint_fs as _fs
-import torchrl.data.replay_buffers._checkpoint_io as _io
+import torchrl.data.replay_buffers._checkpoint.fs as _fs
+import torchrl.data.replay_buffers._checkpoint.io as _io
 
 PROGRESS_THRESHOLD_BYTES = 256 << 20
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import deque
 
 from torchrl._validation import check_int, check_positive_int
-from torchrl.data.replay_buffers._ray_runtime import check_not_forked
-from torchrl.data.replay_buffers._worker_transport import DEFAULT_TRANSPORT
+from torchrl.data.replay_buffers._ray.runtime import check_not_forked
+from torchrl.data.replay_buffers.loading.worker_transport import DEFAULT_TRANSPORT
 from torchrl.data.replay_buffers.replay_buffers.dataset import ReplayBufferDataset
 
 __all__ = ["RayReplayBufferDataset"]

@@ -16,8 +16,12 @@ import torch.utils._pytree as pytree
 from tensordict import TensorDictBase, is_tensorclass
 from torch.utils.data import Dataset
 
-from torchrl.data.replay_buffers._worker_threads import ForkThreadGuard
-from torchrl.data.replay_buffers._worker_transport import DEFAULT_TRANSPORT, check_transport, prepare_batch
+from torchrl.data.replay_buffers.loading.worker_threads import ForkThreadGuard
+from torchrl.data.replay_buffers.loading.worker_transport import (
+    DEFAULT_TRANSPORT,
+    check_transport,
+    prepare_batch,
+)
 
 __all__ = ["StorageDataset"]
 

@@ -14,9 +14,9 @@ import os
 import zlib
 from typing import Any
 
-import torchrl.data.replay_buffers._checkpoint_fs as _fs
-import torchrl.data.replay_buffers._checkpoint_io as _io
-from torchrl.data.replay_buffers._checkpoint_io import CheckpointError
+import torchrl.data.replay_buffers._checkpoint.fs as _fs
+import torchrl.data.replay_buffers._checkpoint.io as _io
+from torchrl.data.replay_buffers.errors import CheckpointError
 
 SCHEMA_VERSION = 1
 SUPPORTED_SCHEMA_VERSIONS = (1,)

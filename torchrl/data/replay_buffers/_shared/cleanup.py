@@ -76,7 +76,7 @@ def register_owned_path(path) -> None:
 
     Examples:
         >>> import os, tempfile
-        >>> from torchrl.data.replay_buffers._cleanup import register_owned_path, remove_owned_path
+        >>> from torchrl.data.replay_buffers._shared.cleanup import register_owned_path, remove_owned_path
         >>> fd, path = tempfile.mkstemp()
         >>> os.close(fd)
         >>> register_owned_path(path)

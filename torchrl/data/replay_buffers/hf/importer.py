@@ -1,4 +1,4 @@
-"""Reading a Hugging Face dataset back as replay-buffer items (see :mod:`~torchrl.data.replay_buffers.hf_exchange`).
+"""Reading a Hugging Face dataset back as replay-buffer items (see :mod:`~torchrl.data.replay_buffers.hf.export`).
 
 A dataset exported by this library carries its metadata (``torchrl_export.json``, also kept in
 ``info.description``): its columns become the stored keys again, with their dtypes and item shapes, and the
@@ -16,9 +16,9 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 from tensordict import TensorDict
 
-import torchrl.data.replay_buffers._checkpoint_fs as _fs
-import torchrl.data.replay_buffers._hf_columns as _cols
-from torchrl.data.replay_buffers._hf_columns import (
+import torchrl.data.replay_buffers._checkpoint.fs as _fs
+import torchrl.data.replay_buffers.hf.columns as _cols
+from torchrl.data.replay_buffers.hf.columns import (
     FORMAT,
     MARKER,
     METADATA_FILE,
@@ -248,7 +248,7 @@ def import_hf(source, *, columns=None, ignore_metadata: bool = False, chunk_byte
         >>> import tempfile, torch
         >>> from tensordict import TensorDict
         >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-        >>> from torchrl.data.replay_buffers.hf_exchange import import_hf
+        >>> from torchrl.data.replay_buffers.hf.export import import_hf
         >>> rb = ReplayBuffer(storage=LazyTensorStorage(8))
         >>> _ = rb.extend(TensorDict(obs=torch.randn(8, 3), batch_size=[8]))
         >>> path = tempfile.mkdtemp() + "/export"

@@ -28,12 +28,12 @@ from collections.abc import Mapping, Sequence
 import torch
 from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor, is_tensorclass
 
-import torchrl.data.replay_buffers._checkpoint_fs as _fs
-import torchrl.data.replay_buffers._hf_columns as _cols
-import torchrl.data.replay_buffers._hf_layouts as _layouts
+import torchrl.data.replay_buffers._checkpoint.fs as _fs
+import torchrl.data.replay_buffers.hf.columns as _cols
+import torchrl.data.replay_buffers.hf.layouts as _layouts
 from torchrl._files import fsync_file, write_new_file
-from torchrl.data.replay_buffers._cleanup import make_scratch_dir
-from torchrl.data.replay_buffers._hf_columns import (
+from torchrl.data.replay_buffers._shared.cleanup import make_scratch_dir
+from torchrl.data.replay_buffers.hf.columns import (
     FORMAT,
     MARKER,
     METADATA_FILE,
@@ -41,7 +41,7 @@ from torchrl.data.replay_buffers._hf_columns import (
     VALUE_COLUMN,
     require_datasets,
 )
-from torchrl.data.replay_buffers._hf_import import import_hf
+from torchrl.data.replay_buffers.hf.importer import import_hf
 from torchrl.data.replay_buffers.storages.base import Storage
 
 __all__ = ["export_hf", "import_hf", "METADATA_FILE"]
@@ -283,7 +283,7 @@ def export_hf(
     Examples:
         >>> import torch
         >>> from torchrl.data import ListStorage
-        >>> from torchrl.data.replay_buffers.hf_exchange import export_hf
+        >>> from torchrl.data.replay_buffers.hf.export import export_hf
         >>> storage = ListStorage(4)
         >>> storage.set([0, 1], [torch.arange(3), torch.arange(5)])  # items of different shapes
         >>> ds = export_hf(storage)

@@ -4,13 +4,13 @@
 A sampler shares its state when a dataset read by DataLoader workers is built over its buffer
 (``sampler.share_memory_()``): its arrays move to shared memory, so the main process and every worker read
 and write one copy, under fork, spawn and forkserver. Picklers, as for the storage counters
-(:class:`~torchrl.data.replay_buffers._shared.SharedCounters`):
+(:class:`~torchrl.data.replay_buffers._shared.counters.SharedCounters`):
 
 - ``multiprocessing`` (DataLoader workers): a shared array travels as a handle to the same memory;
 - ``pickle``/``torch.save``/``copy.deepcopy``: by value; the copy is private (its guard is a no-op).
 
 NOTE [sampler state guard]: every read or write of a shared sampler state holds the guard's
-:class:`~torchrl.data.replay_buffers._shared.ProcessLock`, an ``flock`` that the kernel releases when its
+:class:`~torchrl.data.replay_buffers._shared.lock.ProcessLock`, an ``flock`` that the kernel releases when its
 holder dies (SIGKILL included), so a killed worker never deadlocks the others. The lock is held only around
 tree reads and updates and cursor moves, never around ``storage.get`` or transforms. A writer also raises a
 flag in shared memory for the length of its write (:meth:`StateGuard.write`); if it dies mid-write, the flag
@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from torchrl.data.replay_buffers._shared import NULL_LOCK, ProcessLock
+from torchrl.data.replay_buffers._shared.lock import NULL_LOCK, ProcessLock
 
 __all__ = ["SharedArray", "StateGuard"]
 

@@ -1,4 +1,4 @@
-"""Tensors <-> Arrow columns of a Hugging Face dataset, for :mod:`~torchrl.data.replay_buffers.hf_exchange`.
+"""Tensors <-> Arrow columns of a Hugging Face dataset, for :mod:`~torchrl.data.replay_buffers.hf.export`.
 
 A column spec (a JSON-able dict, stored in the export's metadata) describes how one tensor leaf of the stored
 items becomes one column:

@@ -41,8 +41,8 @@ from typing import Any
 
 import torch
 
-from torchrl.data.replay_buffers._generator_state import generator_from_state, generator_to_state
-from torchrl.data.replay_buffers._ranks import Reader, reader_seed
+from torchrl.data.replay_buffers._checkpoint.generator_state import generator_from_state, generator_to_state
+from torchrl.data.replay_buffers.loading.ranks import Reader, reader_seed
 
 __all__ = ["STATE_FORMAT", "STATE_VERSION", "ReaderPosition", "check_reader_state"]
 

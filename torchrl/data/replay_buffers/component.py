@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 
-import torchrl.data.replay_buffers._persistence as _persistence
+import torchrl.data.replay_buffers._checkpoint.parts as _persistence
 from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
 
 
@@ -18,7 +18,7 @@ class Component:
     - ``dumps``/``loads`` (aliases ``dump``/``save``/``load``) save the component alone to a checkpoint
       directory;
     - ``checkpoint_part``/``check_checkpoint_part``/``load_checkpoint_part`` are its part of a checkpoint (the
-      protocol of :mod:`torchrl.data.replay_buffers._persistence`); the default saves ``state_dict()``;
+      protocol of :mod:`torchrl.data.replay_buffers._checkpoint.parts`); the default saves ``state_dict()``;
     - the pickled state leaves out the buffer's generator (``_rng``, re-installed by the buffer that owns the
       component).
     """

@@ -34,21 +34,13 @@ from collections.abc import Callable
 import torch
 
 from torchrl._files import create_new_file, write_all
+from torchrl.data.replay_buffers.errors import CheckpointError
 
 CHUNK_BYTES = 64 << 20
 CHECKSUM_WINDOW = 1 << 20
 MEMMAP_SUFFIX = ".memmap"
 _PAGE = 4096
 _READ_PAGE_OFFSET = 256
-
-
-class CheckpointError(ValueError):
-    """A checkpoint on disk is incomplete, corrupted, unsafe or of an unknown schema version.
-
-    The message says what is wrong and in which file. Raised by
-    :func:`~torchrl.data.replay_buffers.checkpointers.read_checkpoint` (and by ``loads``) before any data is
-    returned or any object is modified.
-    """
 
 
 def _dtype_table() -> dict[str, torch.dtype]:

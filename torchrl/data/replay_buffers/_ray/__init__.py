@@ -1,0 +1,8 @@
+"""What :mod:`torchrl.data.replay_buffers.ray_buffer` stands on; Ray itself is imported on use only.
+
+- ``host``: the actor that hosts a buffer and runs its methods;
+- ``runtime``: starting Ray and the actor, with timeouts;
+- ``wire``: what travels between clients and the actor (raw batches, transforms);
+- ``dataset``: :class:`RayReplayBufferDataset`, DataLoader workers reading through clients of the actor
+  (public through ``ray_buffer`` and ``torchrl.data``).
+"""

@@ -1,0 +1,103 @@
+"""Shared-memory counters: :class:`SharedCounters` (a storage's length and cursor, a writer's write count).
+
+The counters are shared between processes exactly when the storage content is (``share_memory_()``,
+memory-mapped files), so a copy of the object in a DataLoader worker (fork, spawn or forkserver) observes writes
+made by the parent after the worker started, while a forked copy of a private storage stays private: its writes
+never move the parent's length.
+
+Picklers:
+
+- ``multiprocessing`` (DataLoader workers, ``mp.Process`` arguments): shared counters travel as a handle to
+  the same memory; private counters travel by value;
+- ``pickle``/``torch.save``/``copy.deepcopy``: the counters travel by value and the copy is private.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import torch
+
+
+class SharedCounters:
+    """A fixed set of named int64 counters, in private or shared memory.
+
+    Args:
+        names: the counter names, in order.
+
+    Keyword Args:
+        shared (bool): allocate the counters in shared memory. Defaults to ``False``; see
+            :meth:`share_memory_`.
+
+    Examples:
+        >>> c = SharedCounters(("length", "cursor"))
+        >>> c["length"] = 3
+        >>> c["length"]
+        3
+        >>> c.as_dict()
+        {'length': 3, 'cursor': 0}
+        >>> c.is_shared
+        False
+    """
+
+    __slots__ = ("_names", "_pos", "_tensor", "_array", "_shared")
+
+    def __init__(self, names: tuple[str, ...], *, shared: bool = False):
+        self._names = tuple(names)
+        self._pos = {name: i for i, name in enumerate(self._names)}
+        tensor = torch.zeros(len(self._names), dtype=torch.int64)
+        self._attach(tensor.share_memory_() if shared else tensor)
+
+    def _attach(self, tensor: torch.Tensor) -> None:
+        self._tensor = tensor
+        # a numpy view of the same memory: reads and writes cost ~0.1 us instead of a tensor op's ~3 us
+        self._array = tensor.numpy()
+        self._shared = tensor.is_shared()
+
+    @property
+    def is_shared(self) -> bool:
+        """Whether the counters live in shared memory."""
+        return self._shared
+
+    def share_memory_(self) -> SharedCounters:
+        """Moves the counters to shared memory (in place; a no-op when they already are)."""
+        if not self._shared:
+            self._attach(self._tensor.clone().share_memory_())
+        return self
+
+    def __getitem__(self, name: str) -> int:
+        return int(self._array[self._pos[name]])
+
+    def __setitem__(self, name: str, value: int) -> None:
+        self._array[self._pos[name]] = int(value)
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(zip(self._names, self._array.tolist()))
+
+    def load_dict(self, values: dict[str, int]) -> None:
+        for name, value in values.items():
+            self[name] = value
+
+    def __getstate__(self):
+        if self._shared:
+            return {"names": self._names, "tensor": self._tensor}
+        # by value: torch's multiprocessing reducer would move a private tensor to shared memory in place,
+        # behind the numpy view, and make a forked-style private copy silently shared
+        return {"names": self._names, "values": self._array.tolist()}
+
+    def __setstate__(self, state):
+        self._names = tuple(state["names"])
+        self._pos = {name: i for i, name in enumerate(self._names)}
+        if "values" in state:
+            self._attach(torch.tensor(state["values"], dtype=torch.int64))
+        else:
+            # a shared tensor arrives shared through multiprocessing, by value through pickle: then private
+            self._attach(state["tensor"])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.as_dict()})"
+
+
+def is_spawning() -> bool:
+    """True while multiprocessing pickles the arguments of a process it is starting (spawn/forkserver)."""
+    return multiprocessing.context.get_spawning_popen() is not None

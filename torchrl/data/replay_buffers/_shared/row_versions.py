@@ -1,0 +1,107 @@
+"""Per-row write versions of a shared tensor storage: :class:`RowVersions` (a seqlock per row).
+
+See NOTE [write lock and versions] in :mod:`~torchrl.data.replay_buffers._shared.lock`. A read that finds rows
+mid-write for too long raises :class:`~torchrl.data.replay_buffers.errors.TornReadError`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from torchrl.data.replay_buffers.errors import TornReadError
+
+
+class RowVersions:
+    """Write sequence numbers in shared memory: one global, and per row the last write that began on it.
+
+    Writers hold the storage's :class:`ProcessLock`. :meth:`begin` takes the next sequence number ``s``
+    (odd), publishes it as the global number, then stamps it on the rows about to be written; :meth:`end`
+    makes the global number even (``s + 1``) once the rows are complete. A reader takes a :meth:`snapshot` of
+    the global number ``g`` before gathering rows and asks :meth:`torn` afterwards: if the global number is
+    still ``g`` and even, no write overlapped the read (two scalar loads); otherwise the rows stamped with a
+    sequence number at or after ``g`` may mix two writes and are read again. A writer that died inside a
+    write leaves the global number odd; the next writer stamps the rows it left with a poison value, so they
+    stay unreadable until they are written again. See the note at the top of this module.
+
+    Args:
+        rows (int): the number of rows.
+
+    Examples:
+        >>> import numpy as np
+        >>> versions = RowVersions(4)
+        >>> rows = np.array([1, 2])
+        >>> snap = versions.snapshot()
+        >>> versions.torn(snap, rows) is None  # no write since the snapshot
+        True
+        >>> versions.begin(np.array([2])); versions.end()
+        >>> versions.torn(snap, rows).tolist()
+        [False, True]
+    """
+
+    # a reader waits up to this long for a row that stays mid-write before it blames a dead writer
+    max_wait_s = 2.0
+    _POISON = np.iinfo(np.int64).max
+
+    def __init__(self, rows: int):
+        # the last slot is the global sequence number
+        self._attach(torch.zeros(int(rows) + 1, dtype=torch.int64).share_memory_())
+
+    def _attach(self, tensor: torch.Tensor) -> None:
+        self._tensor = tensor
+        self._array = tensor.numpy()
+        self._rows = self._array[:-1]
+        self._global = self._array.shape[0] - 1
+
+    def __len__(self) -> int:
+        return self._rows.shape[0]
+
+    def begin(self, rows) -> None:
+        """Stamps ``rows`` (an int, an index array or a slice) with a new, odd, global sequence number."""
+        array = self._array
+        current = int(array[self._global])
+        if current & 1:  # the previous writer died inside its write: its rows stay unreadable
+            self._rows[self._rows == current] = self._POISON
+        seq = (current + 1) | 1
+        array[self._global] = seq
+        if isinstance(rows, np.ndarray) and rows.size <= 4:  # a few scalar stores beat fancy indexing
+            for row in rows.tolist():
+                array[row] = seq
+        else:
+            self._rows[rows] = seq
+
+    def end(self, rows=None) -> None:
+        """Publishes the write that :meth:`begin` started as complete (the global number turns even)."""
+        array = self._array
+        array[self._global] = int(array[self._global]) + 1
+
+    def snapshot(self) -> int:
+        """The global sequence number, read before a gather."""
+        return int(self._array[self._global])
+
+    def torn(self, snapshot: int, rows: np.ndarray) -> np.ndarray | None:
+        """``None`` when no write overlapped the read since ``snapshot``, else a mask of the rows to read
+        again (a write began on them at or after the snapshot, or left them mid-write)."""
+        if not snapshot & 1 and int(self._array[self._global]) == snapshot:
+            return None
+        return self._rows[rows] >= (snapshot | 1)
+
+    def wait(self, attempt: int, started: float, rows: np.ndarray) -> None:
+        """Backs off before re-reading ``rows``; raises :class:`TornReadError` once ``max_wait_s`` passed."""
+        if time.monotonic() - started > self.max_wait_s:
+            raise TornReadError(
+                f"Rows {rows[:8].tolist()}{'...' if rows.size > 8 else ''} of a shared storage stayed mid-write "
+                f"for over {self.max_wait_s} s: the process writing them most likely died during the write. "
+                f"They are rewritten by the next write at the writer's cursor; to read them anyway, set "
+                f"`storage.consistent_reads = False`."
+            )
+        time.sleep(0 if attempt < 8 else 1e-4)
+
+    def __getstate__(self):
+        return {"tensor": self._tensor}
+
+    def __setstate__(self, state) -> None:
+        tensor = state["tensor"]
+        self._attach(tensor if tensor.is_shared() else tensor.clone().share_memory_())
