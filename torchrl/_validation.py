@@ -11,14 +11,14 @@ This module imports nothing from torchrl, so that every layer can use it.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 __all__ = [
     "check_bool", "check_int", "check_positive_int", "is_int", "is_real",
-    "check_members", "check_per_member", "member_id", "member_at",
+    "check_members", "check_per_member", "check_member_states", "member_id", "member_at",
 ]
 
 
@@ -125,6 +125,18 @@ def check_per_member(name: str, values, n: int) -> list:
     if len(values) != n:
         raise ValueError(f"`{name}` must have one entry per member ({n}), got {len(values)}.")
     return list(values)
+
+
+def check_member_states(kind: str, states, n: int) -> None:
+    """Raises unless ``states`` (the saved state of an ensemble ``kind`` of ``n`` members) is a dict holding one
+    entry per member, keyed ``str(i)`` as ``state_dict()`` writes it."""
+    keys = {str(i) for i in range(n)}
+    if not isinstance(states, Mapping) or set(states) != keys:
+        found = sorted(states) if isinstance(states, Mapping) else states
+        raise ValueError(
+            f"The {kind} state_dict has member entries {found}; this ensemble has members {sorted(keys)}. Load a "
+            f"state saved from an ensemble of the same members."
+        )
 
 
 def member_id(i: int, n: int) -> int:

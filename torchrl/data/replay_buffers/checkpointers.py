@@ -1,4 +1,5 @@
-"""The on-disk checkpoint format of replay buffers and their components (schema version 1).
+"""The on-disk checkpoint format of replay buffers and their components (schema version 1), and TorchRL's
+storage checkpointers.
 
 ``rb.dumps(path)`` and the ``dumps`` of storages, samplers and writers write a *checkpoint*: a directory
 that holds raw tensor files and a JSON description. Nothing is pickled and nothing is read with
@@ -58,17 +59,31 @@ crash but not against a power loss.
 Components. ``dumps``/``loads`` (:func:`dump_component`/:func:`load_component`) store one component per
 checkpoint, its description under ``metadata["component"] = {"class": "<module>.<qualname>", "doc": ...}``.
 The class name is only compared with the target's, never imported. Each component writes its own ``doc`` and
-tensors through the part protocol of :mod:`torchrl.data.replay_buffers._checkpoint.parts` (this module knows no
-component). A replay buffer's ``doc`` holds its ``batch_size``, generator state (``rng/state``) and one part
-per component; a tensor storage's holds its capacity, ``ndim``, data codec, row counters and the key, shape and
-dtype of every leaf, whose written rows are stored at ``storage/<key path>.memmap``; samplers, writers and
-transforms store their ``state_dict()`` as JSON whose tensors are files under ``sampler/``, ``writer/``,
-``transforms/``. A :class:`~torchrl.data.LazyMemmapStorage` whose ``scratch_dir`` is ``<path>/storage`` is
+tensors through the part protocol of :mod:`torchrl.data.replay_buffers._checkpoint.parts` (the format engine,
+:mod:`torchrl.data.replay_buffers._checkpoint.format`, knows no component). A replay buffer's ``doc`` holds its
+``batch_size``, generator state (``rng/state``) and one part per component; a tensor storage's holds its
+capacity, ``ndim``, data codec, row counters and the key, shape and dtype of every leaf, whose written rows are
+stored at ``storage/<key path>.memmap``; samplers, writers and transforms store their ``state_dict()`` as JSON
+whose tensors are files under ``sampler/``, ``writer/``, ``transforms/``. A :class:`~torchrl.data.LazyMemmapStorage` whose ``scratch_dir`` is ``<path>/storage`` is
 saved by hard links (its files stay shared with the live storage, so their checksums are ``null``) and loaded
 by mapping them in place. :func:`register_checkpoint_handler` attaches a part to a class you do not own.
-``storage.dumps``/``storage.loads`` go through ``storage.checkpointer`` (:class:`TensorStorageCheckpointer`,
-:class:`ListStorageCheckpointer`, :class:`StorageEnsembleCheckpointer`: TorchRL's names), which write this
-same format.
+
+Storage checkpointers (TorchRL's names). ``storage.dumps``/``storage.loads`` go through ``storage.checkpointer``,
+whose default depends on the storage class: :class:`TensorStorageCheckpointer`, :class:`ListStorageCheckpointer`,
+:class:`CompressedListStorageCheckpointer`, :class:`StorageEnsembleCheckpointer` (all derived from
+:class:`StorageCheckpointerBase`) write this same format. :class:`FlatStorageCheckpointer`,
+:class:`NestedStorageCheckpointer` and :class:`H5StorageCheckpointer` save the rows of a storage of TED data
+(one time step per row, ``"next"`` holding what followed the step, so every observation twice) in the compact
+layouts of :mod:`torchrl.data.replay_buffers.ted`: *flat* (:class:`~torchrl.data.TED2Flat`, each observation
+once) or *nested* (:class:`~torchrl.data.TED2Nested`, the flat entries split per trajectory, kept as one dense
+tensor per entry plus per-trajectory lengths, as :class:`~torchrl.data.H5Split` lays them out). Installed as
+``storage.checkpointer``, one of them makes the storage's checkpoint part use its layout, in ``storage.dumps``
+as in ``rb.dumps``; the checkpoint records the layout and loads only through a checkpointer of that layout.
+Loading rebuilds the TED rows and writes them back where they were (a full ring buffer keeps its oldest row).
+:class:`H5StorageCheckpointer` makes ``storage.dumps(path)`` write one HDF5 file instead (``h5py``, extra
+``h5``): numeric datasets and a JSON attribute, nothing pickled. The TED checkpointers refuse, before anything is
+written, storages with ``ndim > 1`` (flatten them first), data other than TensorDicts, and string entries (use
+:class:`TensorStorageCheckpointer`).
 
 Examples:
     >>> import os, tempfile, torch
@@ -85,372 +100,57 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
-from collections.abc import Callable, Mapping
-from typing import Any
+import secrets
+from collections.abc import Mapping
 
+import numpy as np
 import torch
+from tensordict import TensorDict, TensorDictBase
 
-import torchrl.data.replay_buffers._checkpoint.fs as _fs
 import torchrl.data.replay_buffers._checkpoint.io as _io
-import torchrl.data.replay_buffers._checkpoint.parts as _persistence
-from torchrl._files import fsync_file, write_new_file
-from torchrl.data.replay_buffers._checkpoint.args import (
-    advance_fn,
-    check_metadata,
-    check_path,
-    check_progress,
-    check_replaceable,
-    check_tensors,
-    progress_bar,
+from torchrl.data.replay_buffers._checkpoint.args import check_path
+from torchrl.data.replay_buffers._checkpoint.format import (  # the format's public functions, re-exported here
+    dump_component as dump_component,
+)
+from torchrl.data.replay_buffers._checkpoint.format import (
+    load_component as load_component,
+)
+from torchrl.data.replay_buffers._checkpoint.format import (
+    read_checkpoint as read_checkpoint,
+)
+from torchrl.data.replay_buffers._checkpoint.format import (
+    register_checkpoint_handler as register_checkpoint_handler,
+)
+from torchrl.data.replay_buffers._checkpoint.format import (
+    write_checkpoint as write_checkpoint,
+)
+from torchrl.data.replay_buffers._checkpoint.parts import PartContext, check_class, mismatch, qualname
+from torchrl.data.replay_buffers._checkpoint.validate import (
+    SCHEMA_VERSION as SCHEMA_VERSION,
 )
 from torchrl.data.replay_buffers._checkpoint.validate import (
-    FORMAT,
-    SCHEMA_VERSION,
-    SUPPORTED_SCHEMA_VERSIONS,
-    parse_document,
-    read_validated_metadata_bytes,
-    validated_entries,
+    SUPPORTED_SCHEMA_VERSIONS as SUPPORTED_SCHEMA_VERSIONS,
+)
+from torchrl.data.replay_buffers._checkpoint.validate import (
+    check_int_field,
 )
 from torchrl.data.replay_buffers.errors import CheckpointError
+from torchrl.data.replay_buffers.ted import Flat2TED, H5Combine, H5Split, Nested2TED, TED2Flat, TED2Nested
+from torchrl.data.replay_buffers.utils import has_nontensor
 
+# What ``from ... import *`` and ``torchrl.data`` export: TorchRL's eight checkpointers and the error a refused
+# checkpoint raises. The format functions and constants re-exported above are imported by name.
 __all__ = [
-    "SCHEMA_VERSION",
-    "SUPPORTED_SCHEMA_VERSIONS",
     "CheckpointError",
-    "read_checkpoint",
-    "write_checkpoint",
-    "dump_component",
-    "load_component",
-    "register_checkpoint_handler",
     "StorageCheckpointerBase",
     "TensorStorageCheckpointer",
     "ListStorageCheckpointer",
+    "CompressedListStorageCheckpointer",
     "StorageEnsembleCheckpointer",
+    "FlatStorageCheckpointer",
+    "NestedStorageCheckpointer",
+    "H5StorageCheckpointer",
 ]
-
-# -- write ------------------------------------------------------------------------------------------------------
-def write_checkpoint(
-    path,
-    tensors: Mapping[str, torch.Tensor],
-    metadata: Mapping[str, Any],
-    *,
-    fsync: bool = True,
-    progress: bool | None = None,
-) -> None:
-    """Writes ``tensors`` and ``metadata`` as a checkpoint directory at ``path``, atomically.
-
-    A previous checkpoint at ``path`` is replaced only once the new one is complete on disk; a crash at any
-    moment leaves one of the two complete (see the module docstring). Tensor bytes are streamed in 64 MiB
-    slices, or copied file-to-file by the kernel for memory-mapped tensors, so a write of a tensor larger
-    than RAM does not grow the process's resident memory by its size.
-
-    Args:
-        path (str or path-like): the checkpoint directory. Missing parents are created. An existing
-            ``path`` must be a checkpoint (it is replaced) or an empty directory.
-        tensors (mapping of str to Tensor): the tensors to save, by name. A name is a relative path made of
-            ``/``-separated components (``"storage/obs"`` is stored as ``storage/obs.memmap``). Tensors may
-            be on any device, non-contiguous or memory-mapped; dtypes must be in the format's allowlist.
-        metadata (mapping): a JSON-serializable document returned as is by :func:`read_checkpoint` (tuples
-            come back as lists).
-
-    Keyword Args:
-        fsync (bool): flush files and directories to the disk before and after the switch. ``False`` is
-            faster and still safe against a process crash, but not against a power loss. Defaults to
-            ``True``.
-        progress (bool, optional): show a tqdm progress bar (tqdm is optional). ``None`` shows one for
-            writes above 256 MiB when stderr is a terminal. Defaults to ``None``.
-
-    Raises:
-        TypeError: if an argument has the wrong type, a tensor is not dense or its dtype is not storable.
-        ValueError: if a tensor name is not a safe relative path.
-        FileExistsError: if ``path`` exists and is neither a checkpoint nor an empty directory.
-
-    Examples:
-        >>> import os, tempfile, torch
-        >>> from torchrl.data.replay_buffers.checkpointers import read_checkpoint, write_checkpoint
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "ckpt")
-        ...     write_checkpoint(path, {"a": torch.ones(3)}, {"version": 1})
-        ...     write_checkpoint(path, {"a": torch.zeros(3)}, {"version": 2})  # replaces it atomically
-        ...     print(sorted(os.listdir(path)))
-        ['COMPLETE', 'a.memmap', 'metadata.json']
-    """
-    path = check_path(path)
-    entries = check_tensors(tensors)
-    user_metadata = check_metadata(metadata)
-    if not isinstance(fsync, bool):
-        raise TypeError(f"`fsync` must be a bool; got {fsync!r}.")
-    check_progress(progress)
-    mappings = _io.read_file_mappings()
-    links = _linkable(path, entries, mappings)
-    _fs.replace_dir(
-        path,
-        lambda tmp: _write_contents(tmp, entries, user_metadata, links, mappings, fsync=fsync, progress=progress),
-        lambda: check_replaceable(path, adopt=bool(links)),
-        fsync=fsync,
-    )
-
-
-def _linkable(path: str, entries, mappings) -> dict[str, str]:
-    """Tensors whose bytes are exactly the file ``path/<name>.memmap`` (a memmap storage living in the
-    checkpoint it is saved to): they are hard-linked into the new checkpoint instead of copied."""
-    links = {}
-    for name, tensor, _ in entries:
-        source = _io.file_source(tensor, mappings)
-        expected = os.path.join(path, *(name + _io.MEMMAP_SUFFIX).split("/"))
-        if source is None or source[1] != 0 or not os.path.exists(expected):
-            continue
-        if os.path.samefile(source[0], expected) and os.path.getsize(expected) == tensor.numel() * tensor.element_size():
-            links[name] = expected
-    return links
-
-
-def _write_contents(tmp: str, entries, user_metadata: dict, links, mappings, *, fsync: bool, progress) -> None:
-    total = sum(t.numel() * t.element_size() for name, t, _ in entries if name not in links)
-    bar = progress_bar(progress, total, "dumps")
-    advance = advance_fn(bar)
-    dirs = {tmp}
-    described = {}
-    try:
-        for name, tensor, dtype in entries:
-            relative = name + _io.MEMMAP_SUFFIX
-            target = os.path.join(tmp, *relative.split("/"))
-            folder = os.path.dirname(target)
-            while folder not in dirs:
-                dirs.add(folder)
-                folder = os.path.dirname(folder)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            if name in links:  # shared with a live storage: its content changes later, so no checksum
-                os.link(links[name], target)
-                if fsync:
-                    fsync_file(target)
-                crc = None
-            else:
-                crc = _io.write_tensor_file(target, tensor, mappings=mappings, fsync=fsync, advance=advance)
-            described[name] = {
-                "file": relative,
-                "dtype": dtype,
-                "shape": list(tensor.shape),
-                "nbytes": tensor.numel() * tensor.element_size(),
-                "crc32": crc,
-            }
-            _fs.step("tensor_written")
-    finally:
-        if bar is not None:
-            bar.close()
-    document = {
-        "format": FORMAT,
-        "schema_version": SCHEMA_VERSION,
-        "checksum": {"algorithm": "crc32", "window_bytes": _io.CHECKSUM_WINDOW},
-        "tensors": described,
-        "metadata": user_metadata,
-    }
-    raw = json.dumps(document, indent=1).encode()
-    write_new_file(os.path.join(tmp, _fs.METADATA), raw, fsync=fsync)
-    _fs.step("metadata_written")
-    # the marker may precede the directory fsyncs: nothing reads a tmp directory, and it only becomes
-    # `path` by the rename below, after every file and directory in it is on disk
-    marker = {"schema_version": SCHEMA_VERSION, "metadata_nbytes": len(raw), "metadata_crc32": zlib.crc32(raw)}
-    write_new_file(os.path.join(tmp, _fs.MARKER), json.dumps(marker).encode(), fsync=fsync)
-    if fsync:
-        for folder in sorted(dirs, key=len, reverse=True):
-            _fs.fsync_dir(folder)
-    _fs.step("marker_written")
-
-
-# -- read -------------------------------------------------------------------------------------------------------
-def read_checkpoint(
-    path, *, mmap: bool = True, verify: bool = True, progress: bool | None = None
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Validates the checkpoint at ``path`` and returns its tensors and its metadata.
-
-    Everything is checked before anything is returned (see the module docstring): a checkpoint that is
-    incomplete, corrupted, of an unknown schema version or unsafe (paths escaping the directory, symlinks)
-    raises :class:`CheckpointError`. By default the tensors are copy-on-write memory maps of the files, so
-    nothing is read now and in-place changes never reach the checkpoint. This function never modifies the
-    disk.
-
-    Args:
-        path (str or path-like): the checkpoint directory written by :func:`write_checkpoint`. If it is
-            missing because a writer crashed mid-switch, the previous checkpoint moved aside is read.
-
-    Keyword Args:
-        mmap (bool): return memory maps (``True``) or tensors read into RAM with plain reads (``False``).
-            Defaults to ``True``.
-        verify (bool): check the head/tail checksum of every file (reads at most 2 MiB per file). Defaults
-            to ``True``.
-        progress (bool, optional): a tqdm bar while reading into RAM (``mmap=False``); ``None`` shows one
-            above 256 MiB when stderr is a terminal. Defaults to ``None``.
-
-    Returns:
-        ``(tensors, metadata)``: a dict from names to tensors and the caller's metadata document.
-
-    Raises:
-        FileNotFoundError: if there is no checkpoint at ``path``.
-        CheckpointError: if the checkpoint is incomplete, corrupted, unsafe or of an unknown version.
-
-    Examples:
-        >>> import os, tempfile, torch
-        >>> from torchrl.data.replay_buffers.checkpointers import read_checkpoint, write_checkpoint
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     write_checkpoint(os.path.join(d, "c"), {"x": torch.tensor([1, 2, 3])}, {})
-        ...     tensors, _ = read_checkpoint(os.path.join(d, "c"))
-        ...     print(tensors["x"].tolist())
-        [1, 2, 3]
-    """
-    path = check_path(path)
-    for name, value in (("mmap", mmap), ("verify", verify)):
-        if not isinstance(value, bool):
-            raise TypeError(f"`{name}` must be a bool; got {value!r}.")
-    check_progress(progress)
-    root = _fs.resolve_for_read(path)
-    if root is None:
-        raise FileNotFoundError(f"No checkpoint at {path!r}: the directory does not exist.")
-    if not os.path.isdir(root):
-        raise CheckpointError(f"{root!r} is not a checkpoint directory.")
-    raw = read_validated_metadata_bytes(root)
-    document = parse_document(root, raw)
-    entries = validated_entries(root, document["tensors"])
-    if verify:
-        for _, relative, _, _, nbytes, crc in entries:
-            if crc is not None:
-                _io.verify_windows(root, relative, nbytes, crc)
-    if mmap:
-        tensors = {
-            name: _io.map_tensor(os.path.join(root, relative), dtype, shape)
-            for name, relative, dtype, shape, _, _ in entries
-        }
-        return tensors, document["metadata"]
-    bar = progress_bar(progress, sum(e[4] for e in entries), "loads")
-    try:
-        tensors = {}
-        for name, relative, dtype, shape, _, _ in entries:
-            tensors[name] = _io.empty_tensor(dtype, shape)
-            _io.read_into(os.path.join(root, relative), tensors[name], advance_fn(bar))
-    finally:
-        if bar is not None:
-            bar.close()
-    return tensors, document["metadata"]
-
-
-# -- components (storages, samplers, writers, buffers) -----------------------------------------------------------
-def register_checkpoint_handler(cls: type, *, dump: Callable, load: Callable, check: Callable | None = None) -> None:
-    """Declares how instances of ``cls`` (and its subclasses) are saved by ``dumps`` and restored by ``loads``.
-
-    Handlers are looked up along the class's MRO, so a subclass inherits its parent's handler unless it
-    registers its own, and a handler wins over the class's own ``checkpoint_part`` methods. Use it for
-    classes you do not own: a class you write implements the part protocol itself (see
-    :mod:`torchrl.data.replay_buffers._checkpoint.parts`), and any object with ``state_dict()`` and
-    ``load_state_dict()`` is saved without either (tensors become files, the rest JSON).
-
-    Args:
-        cls (type): the component class.
-
-    Keyword Args:
-        dump (callable): ``dump(obj, ctx) -> (tensors, doc)``: the tensors to save, named under
-            ``ctx.prefix`` (``ctx.name("w")`` is ``ctx.prefix + "w"``), and a JSON-serializable document.
-        load (callable): ``load(obj, doc, tensors, ctx)``: restores ``obj``; ``tensors`` are memory-mapped.
-        check (callable, optional): ``check(obj, doc, tensors, ctx)``: raises ``ValueError`` saying what
-            differs when the checkpoint does not fit ``obj``; called before anything is loaded. Defaults to
-            ``None`` (only the class is compared).
-
-    Examples:
-        >>> from torchrl.data.replay_buffers.checkpointers import register_checkpoint_handler
-        >>> class Counter:
-        ...     def __init__(self):
-        ...         self.n = 0
-        >>> register_checkpoint_handler(
-        ...     Counter,
-        ...     dump=lambda obj, ctx: ({}, {"n": obj.n}),
-        ...     load=lambda obj, doc, tensors, ctx: setattr(obj, "n", doc["n"]),
-        ... )
-    """
-    if not isinstance(cls, type):
-        raise TypeError(f"`cls` must be a class; got {cls!r}.")
-    for name, fn in (("dump", dump), ("load", load), ("check", check)):
-        if fn is not None and not callable(fn):
-            raise TypeError(f"`{name}` must be callable; got {fn!r}.")
-    _persistence.register(cls, dump, load, check)
-
-
-def dump_component(obj, path, *, fsync: bool = True, progress: bool | None = None) -> None:
-    """Saves a storage, sampler, writer or replay buffer to the checkpoint directory ``path``.
-
-    This is what ``obj.dumps(path)`` runs. The checkpoint's metadata holds ``{"component": {"class": ...,
-    "doc": ...}}`` where ``doc`` is the component's part (see :mod:`torchrl.data.replay_buffers._checkpoint.parts`).
-
-    Args:
-        obj: the component.
-        path (str or path-like): the checkpoint directory; a previous checkpoint there is replaced atomically.
-
-    Keyword Args:
-        fsync (bool): see :func:`write_checkpoint`. Defaults to ``True``.
-        progress (bool, optional): see :func:`write_checkpoint`. Defaults to ``None``.
-
-    Raises:
-        TypeError: if the component holds data a checkpoint cannot represent without pickling (e.g. a
-            ``ListStorage`` item that is a string).
-
-    Examples:
-        >>> import os, tempfile, torch
-        >>> from torchrl.data import LazyTensorStorage
-        >>> from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
-        >>> storage = LazyTensorStorage(10)
-        >>> storage.set(torch.arange(3), torch.ones(3, 2))
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     dump_component(storage, os.path.join(d, "s"))
-        ...     fresh = LazyTensorStorage(10)
-        ...     load_component(fresh, os.path.join(d, "s"))
-        >>> len(fresh), fresh.get(2).tolist()
-        (3, [1.0, 1.0])
-    """
-    path = check_path(path)
-    tensors, doc = _persistence.dump_part(obj, _persistence.PartContext(path))
-    write_checkpoint(path, tensors, {"component": doc}, fsync=fsync, progress=progress)
-
-
-def load_component(obj, path) -> None:
-    """Loads a checkpoint written by :func:`dump_component` into ``obj`` (what ``obj.loads(path)`` runs).
-
-    The checkpoint is validated (:func:`read_checkpoint`) and compared with ``obj`` (class, capacity, data
-    keys, shapes and dtypes of an initialized storage) before anything is modified. Storage content is
-    copied file-to-file into a memory-mapped storage, read straight into a RAM storage, and mapped in place
-    when ``obj`` is a memory-mapped storage whose ``scratch_dir`` is the checkpoint's storage directory.
-
-    Args:
-        obj: a component built with the configuration of the saved one (typically freshly).
-        path (str or path-like): the checkpoint directory.
-
-    Raises:
-        FileNotFoundError: if there is no checkpoint at ``path``.
-        CheckpointError: if the checkpoint is incomplete, corrupted or malformed.
-        ValueError: if the checkpoint does not fit ``obj`` (the message says what differs); ``obj`` is unchanged.
-
-    Examples:
-        >>> import os, tempfile, torch
-        >>> from torchrl.data import RandomSampler
-        >>> from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     dump_component(RandomSampler(), os.path.join(d, "s"))
-        ...     load_component(RandomSampler(), os.path.join(d, "s"))
-    """
-    tensors, metadata = read_checkpoint(path)
-    doc = metadata.get("component")
-    if not isinstance(doc, dict) or not isinstance(doc.get("class"), str) or not isinstance(doc.get("doc"), dict):
-        raise CheckpointError(
-            f"The checkpoint at {os.fspath(path)!r} holds no component description: it was not written by "
-            f"`dumps` (use read_checkpoint for checkpoints written by write_checkpoint)."
-        )
-    ctx = _persistence.PartContext(check_path(path))
-    try:
-        _persistence.check_part(obj, doc, tensors, ctx)
-    except (KeyError, IndexError, AttributeError, TypeError) as err:
-        raise CheckpointError(
-            f"The component description in the checkpoint at {os.fspath(path)!r} is malformed: "
-            f"{type(err).__name__}: {err}."
-        ) from None
-    _persistence.load_part(obj, doc, tensors, ctx)
 
 
 # -- storage checkpointers: TorchRL's names, on this format ----------------------------------------------------------
@@ -536,6 +236,32 @@ class ListStorageCheckpointer(StorageCheckpointerBase):
     saves = "ListStorage"
 
 
+class CompressedListStorageCheckpointer(StorageCheckpointerBase):
+    """The checkpointer of :class:`~torchrl.data.CompressedListStorage` (the default there).
+
+    Saves the compressed bytes as stored (no recompression), one uint8 buffer per entry with per-item offsets
+    and shapes, and the codec name (``"zstd"``, ``"zlib"`` or ``"custom"``); :meth:`loads` refuses a checkpoint
+    written with another default codec. Non-tensor entries must be str, numbers, bools or None. See
+    :class:`StorageCheckpointerBase`.
+
+    Examples:
+        >>> import os, tempfile, torch
+        >>> from torchrl.data import CompressedListStorage, CompressedListStorageCheckpointer
+        >>> storage = CompressedListStorage(10)
+        >>> type(storage.checkpointer).__name__
+        'CompressedListStorageCheckpointer'
+        >>> storage.set(0, torch.zeros(64, 64))
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     storage.checkpointer.dumps(storage, os.path.join(d, "s"))
+        ...     fresh = CompressedListStorage(10)
+        ...     fresh.loads(os.path.join(d, "s"))
+        >>> fresh.get(0).shape
+        torch.Size([64, 64])
+    """
+
+    saves = "CompressedListStorage"
+
+
 class StorageEnsembleCheckpointer(StorageCheckpointerBase):
     """The checkpointer of :class:`~torchrl.data.StorageEnsemble` (the default there).
 
@@ -545,3 +271,395 @@ class StorageEnsembleCheckpointer(StorageCheckpointerBase):
     """
 
     saves = "StorageEnsemble"
+
+
+# -- TED storage checkpointers: the rows of a storage of TED data in a compact layout ----------------------------
+def _key_list(key) -> list[str]:
+    return list(key) if isinstance(key, tuple) else [key]
+
+
+class FlatStorageCheckpointer(TensorStorageCheckpointer):
+    """Saves the TED rows of a storage in the flat layout of :class:`~torchrl.data.TED2Flat` (about half the size).
+
+    Args:
+        done_keys (sequence of NestedKey, optional): the done entries under ``"next"``. Defaults to
+            :data:`~torchrl.data.replay_buffers.utils.DEFAULT_DONE_KEYS`.
+        reward_keys (sequence of NestedKey, optional): the reward entries under ``"next"``. Defaults to
+            ``("reward",)``.
+
+    The storage must be a 1-D storage of TensorDicts holding ``("next", "done")``. TorchRL's save and load hooks
+    (``TED2Flat``/``Flat2TED``) are built in; ``register_save_hook``/``register_load_hook`` stay refused (see
+    :class:`StorageCheckpointerBase`).
+
+    Examples:
+        >>> import os, tempfile, torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import FlatStorageCheckpointer, LazyTensorStorage
+        >>> obs = torch.arange(6.0)
+        >>> ted = TensorDict({"obs": obs, "done": torch.zeros(6, dtype=torch.bool),
+        ...     "next": {"obs": obs + 1, "done": obs % 3 == 2, "reward": torch.ones(6)}}, batch_size=[6])
+        >>> storage = LazyTensorStorage(10)
+        >>> storage.checkpointer = FlatStorageCheckpointer()
+        >>> storage.set(torch.arange(6), ted)
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     storage.dumps(os.path.join(d, "s"))
+        ...     fresh = LazyTensorStorage(10)
+        ...     fresh.checkpointer = FlatStorageCheckpointer()
+        ...     fresh.loads(os.path.join(d, "s"))
+        >>> len(fresh), bool((fresh.get(torch.arange(6)) == ted).all())
+        (6, True)
+    """
+
+    storage_layout = "flat"
+
+    def __init__(self, done_keys=None, reward_keys=None):
+        self.done_keys = done_keys
+        self.reward_keys = reward_keys
+        self._to_layout = TED2Flat(done_keys=done_keys, reward_keys=reward_keys)  # validates the keys
+        self._from_layout = Flat2TED(done_keys=done_keys, reward_keys=reward_keys)
+
+    # -- the layout -------------------------------------------------------------------------------------------
+    def _pack(self, ted: TensorDictBase, shift: int, is_full: bool) -> TensorDictBase:
+        hook = self._to_layout
+        hook.shift, hook.is_full = shift, is_full
+        return hook(ted)
+
+    def _unpack(self, packed: TensorDictBase) -> TensorDictBase:
+        return self._from_layout(packed)
+
+    def _rows(self, storage) -> TensorDictBase:
+        """The filled rows of ``storage`` as one TED TensorDict, checked for this layout."""
+        name = type(self).__name__
+        if storage.ndim != 1:
+            raise ValueError(
+                f"{name} saves 1-D storages of TED steps; this storage has ndim={storage.ndim}. Save "
+                f"`storage.flatten()`, or use TensorStorageCheckpointer() (the default), which saves any storage."
+            )
+        rows = storage.get(slice(None))
+        if not isinstance(rows, TensorDictBase):
+            raise TypeError(
+                f"{name} saves storages of TensorDicts (TED data); this storage holds {type(rows).__name__}. Use "
+                f"TensorStorageCheckpointer() (the default)."
+            )
+        if has_nontensor(rows):
+            raise TypeError(
+                f"{name} saves tensor entries only; this storage holds string entries. Use "
+                f"TensorStorageCheckpointer() (the default), which saves them."
+            )
+        return rows
+
+    # -- the storage's checkpoint part (called by TensorStorage.checkpoint_part & co.) ------------------------
+    def _doc(self, storage) -> dict:
+        return {
+            "class": qualname(storage),
+            "max_size": storage.max_size,
+            "ndim": storage.ndim,
+            "initialized": bool(storage.initialized),
+            "layout": self.storage_layout,
+            "checkpointer": type(self).__name__,
+            "done_keys": None
+            if self.done_keys is None
+            else [_key_list(k) for k in self._to_layout.done_keys],
+            "reward_keys": None
+            if self.reward_keys is None
+            else [_key_list(k) for k in self._to_layout.reward_keys],
+        }
+
+    def dump_storage_part(self, storage, ctx: PartContext) -> tuple[dict, dict]:
+        """The checkpoint part of ``storage`` in this layout: ``(tensors, doc)``."""
+        doc = self._doc(storage)
+        if not doc["initialized"]:
+            return {}, doc
+        ted = self._rows(storage)
+        rows, last_row = storage.rows_written(), storage.last_written_row
+        is_full = bool(storage._is_full) and rows > 0
+        packed = self._pack(ted, (last_row + 1) % max(rows, 1) if is_full else rows, is_full)
+        keys = [
+            k if isinstance(k, tuple) else (k,) for k in packed.keys(include_nested=True, leaves_only=True)
+        ]
+        tensors, leaves = {}, []
+        for key, name in zip(keys, _io.leaf_names(keys)):
+            value = packed.get(key)
+            tensors[ctx.name(f"storage/{name}")] = value
+            leaves.append(
+                {
+                    "key": list(key),
+                    "tensor": ctx.name(f"storage/{name}"),
+                    "shape": list(value.shape),
+                    "dtype": _io.dtype_name(value.dtype),
+                }
+            )
+        doc.update(rows=rows, last_row=last_row, is_full=is_full, leaves=leaves)
+        return tensors, doc
+
+    def check_storage_part(self, storage, doc: dict, tensors: Mapping, ctx: PartContext) -> None:
+        """Raises if the part ``doc`` does not fit ``storage``; changes nothing."""
+        check_class(storage, doc, "storage")
+        for attr in ("max_size", "ndim"):
+            if doc.get(attr) != getattr(storage, attr):
+                raise mismatch(
+                    f"the storage {attr}", doc.get(attr), getattr(storage, attr), f"Use the same {attr}."
+                )
+        ctx.facts["storage_rows"] = storage.max_size
+        if not doc.get("initialized"):
+            return
+        where = f"The {type(self).__name__} description in the checkpoint {ctx.path!r}"
+        rows = check_int_field(doc["rows"], "rows", where, 0, storage.max_size, fix="`rows` counts the rows.")
+        check_int_field(
+            doc["last_row"], "last_row", where, -1, rows - 1, fix="`last_row` is a written row, or -1."
+        )
+        packed = TensorDict()
+        for leaf in doc["leaves"]:
+            stored = tensors.get(leaf["tensor"])
+            if stored is None or list(stored.shape) != leaf["shape"]:
+                raise CheckpointError(
+                    f"{where}: the entry {leaf['tensor']!r} does not match its description."
+                )
+            packed.set(tuple(leaf["key"]), stored.as_subclass(torch.Tensor))
+        try:
+            ted = self._unpack(packed)
+        except (KeyError, ValueError, TypeError, RuntimeError) as err:
+            raise CheckpointError(
+                f"{where}: its {self.storage_layout} layout does not rebuild TED rows: {err}"
+            ) from None
+        if ted.batch_size[:1] != torch.Size([rows]):
+            raise CheckpointError(f"{where}: the layout rebuilds {list(ted.batch_size)} rows, not [{rows}].")
+        if storage.initialized and rows:
+            storage.check_write(ted, rows)  # keys, shapes and dtypes of the stored entries
+        ctx.facts[f"{ctx.prefix}storage:ted"] = ted
+
+    def load_storage_part(self, storage, doc: dict, tensors: Mapping, ctx: PartContext) -> None:
+        """Writes the rows of a checked part back into ``storage``, where they were."""
+        storage._empty()
+        if not doc.get("initialized") or not doc["rows"]:
+            return
+        ted = ctx.facts.pop(f"{ctx.prefix}storage:ted", None)
+        if ted is None:
+            self.check_storage_part(storage, doc, tensors, ctx)
+            ted = ctx.facts.pop(f"{ctx.prefix}storage:ted")
+        rows = doc["rows"]
+        order = torch.arange(rows)
+        if doc["is_full"]:  # written in time order, so that the newest row is the last one written
+            order = (order + doc["last_row"] + 1) % rows
+        storage.set(order, ted[order])
+
+    # -- storage.dumps / storage.loads -----------------------------------------------------------------------
+    def dumps(self, storage, path, *, fsync: bool = True, progress: bool | None = None) -> None:
+        """Saves ``storage`` in this layout to the checkpoint directory ``path`` (pickle-free, atomic)."""
+        path = check_path(path)
+        tensors, doc = self.dump_storage_part(storage, PartContext(path))
+        write_checkpoint(
+            path,
+            tensors,
+            {"component": {"class": qualname(storage), "doc": doc}},
+            fsync=fsync,
+            progress=progress,
+        )
+
+    def loads(self, storage, path) -> None:
+        """Loads a checkpoint written in this layout into ``storage``, validated first."""
+        tensors, metadata = read_checkpoint(path)
+        wrapped = metadata.get("component")
+        if not isinstance(wrapped, dict) or not isinstance(wrapped.get("doc"), dict):
+            raise CheckpointError(f"The checkpoint at {os.fspath(path)!r} holds no storage description.")
+        self._load_doc(storage, wrapped["doc"], tensors, check_path(path))
+
+    def _load_doc(self, storage, doc: dict, tensors: Mapping, path: str) -> None:
+        if doc.get("layout") != self.storage_layout:
+            raise mismatch(
+                "the storage layout",
+                doc.get("layout"),
+                self.storage_layout,
+                "Load it with the checkpointer it was saved with.",
+            )
+        ctx = PartContext(path)
+        try:
+            self.check_storage_part(storage, doc, tensors, ctx)
+        except (KeyError, IndexError, AttributeError) as err:
+            raise CheckpointError(
+                f"The storage description at {path!r} is malformed: {type(err).__name__}: {err}."
+            ) from None
+        self.load_storage_part(storage, doc, tensors, ctx)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(done_keys={self.done_keys!r}, reward_keys={self.reward_keys!r})"
+
+
+class NestedStorageCheckpointer(FlatStorageCheckpointer):
+    """Saves the TED rows of a storage split per trajectory (:class:`~torchrl.data.TED2Nested`).
+
+    Each entry of the flat layout is stored as one dense tensor plus the length of each trajectory (the
+    :class:`~torchrl.data.H5Split` form of nested tensors), so a trajectory can be read without the others.
+    Takes the arguments of :class:`FlatStorageCheckpointer`.
+
+    Examples:
+        >>> import os, tempfile, torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, NestedStorageCheckpointer
+        >>> obs = torch.arange(4.0)
+        >>> ted = TensorDict({"obs": obs, "next": {"obs": obs + 1, "done": obs == 1}}, batch_size=[4])
+        >>> storage = LazyTensorStorage(4)
+        >>> storage.checkpointer = NestedStorageCheckpointer()
+        >>> storage.set(torch.arange(4), ted)
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     storage.dumps(os.path.join(d, "s"))
+        ...     storage.loads(os.path.join(d, "s"))
+        >>> storage.get(torch.arange(4))["next", "obs"].tolist()
+        [1.0, 2.0, 3.0, 4.0]
+    """
+
+    storage_layout = "nested"
+
+    def __init__(self, done_keys=None, reward_keys=None):
+        super().__init__(done_keys=done_keys, reward_keys=reward_keys)
+        self._to_layout = TED2Nested(done_keys=done_keys, reward_keys=reward_keys)
+        self._from_layout = Nested2TED(done_keys=done_keys, reward_keys=reward_keys)
+
+    def _pack(self, ted: TensorDictBase, shift: int, is_full: bool) -> TensorDictBase:
+        return H5Split()(super()._pack(ted, shift, is_full))
+
+    def _unpack(self, packed: TensorDictBase) -> TensorDictBase:
+        return super()._unpack(H5Combine()(packed))
+
+
+class H5StorageCheckpointer(NestedStorageCheckpointer):
+    """Saves the TED rows of a storage into one HDF5 file, in the nested layout (needs ``h5py``: extra ``h5``).
+
+    ``storage.dumps(path)`` writes ``path/checkpoint_file`` (``path`` itself when it ends with ``.h5``),
+    atomically: one dataset per entry of the :class:`NestedStorageCheckpointer` layout and the description as
+    the JSON attribute ``"torchrl_storage"`` (plus ``"_len"``, the number of rows, as TorchRL writes it);
+    nothing is pickled. ``rb.dumps`` keeps its own checkpoint directory and saves the storage there in the
+    nested layout.
+
+    Keyword Args:
+        checkpoint_file (str): the file name under ``path``. Defaults to ``"checkpoint.h5"``.
+        done_keys, reward_keys: see :class:`FlatStorageCheckpointer`.
+        h5_kwargs (dict, optional): keyword arguments of ``h5py.Group.create_dataset`` for every dataset
+            (e.g. ``{"compression": "gzip"}``). Defaults to ``None``.
+        **kwargs: accepted for TorchRL compatibility and ignored.
+
+    Examples:
+        >>> import os, tempfile, torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import H5StorageCheckpointer, LazyTensorStorage
+        >>> obs = torch.arange(4.0)
+        >>> ted = TensorDict({"obs": obs, "next": {"obs": obs + 1, "done": obs == 1}}, batch_size=[4])
+        >>> storage = LazyTensorStorage(4)
+        >>> storage.checkpointer = H5StorageCheckpointer()
+        >>> storage.set(torch.arange(4), ted)
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     storage.dumps(d)
+        ...     print(os.listdir(d))
+        ...     fresh = LazyTensorStorage(4)
+        ...     fresh.checkpointer = H5StorageCheckpointer()
+        ...     fresh.loads(d)
+        ['checkpoint.h5']
+        >>> fresh.get(torch.arange(4))["obs"].tolist()
+        [0.0, 1.0, 2.0, 3.0]
+    """
+
+    def __init__(
+        self,
+        *,
+        checkpoint_file: str = "checkpoint.h5",
+        done_keys=None,
+        reward_keys=None,
+        h5_kwargs=None,
+        **kwargs,
+    ):
+        super().__init__(done_keys=done_keys, reward_keys=reward_keys)
+        if not isinstance(checkpoint_file, str) or not checkpoint_file or os.sep in checkpoint_file:
+            raise ValueError(
+                f"`checkpoint_file` must be a file name such as 'checkpoint.h5'; got {checkpoint_file!r}."
+            )
+        if h5_kwargs is not None and not isinstance(h5_kwargs, Mapping):
+            raise TypeError(
+                f"`h5_kwargs` must be a dict of h5py create_dataset arguments or None; got {h5_kwargs!r}."
+            )
+        self.checkpoint_file = checkpoint_file
+        self.h5_kwargs = dict(h5_kwargs or {})
+        self.kwargs = kwargs
+
+    def _file(self, path, create: bool) -> str:
+        path = check_path(path)
+        if path.endswith(".h5"):
+            if create:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+            return path
+        if create:
+            os.makedirs(path, exist_ok=True)
+        return os.path.join(path, self.checkpoint_file)
+
+    def dumps(self, storage, path, *, fsync: bool = True, progress: bool | None = None) -> None:
+        """Writes ``storage`` to the HDF5 file of ``path`` (a new file renamed over the old one)."""
+        h5py = _import_h5py()
+        file = self._file(path, create=True)
+        tensors, doc = self.dump_storage_part(storage, PartContext(os.path.dirname(file)))
+        arrays = {}
+        for name, tensor in tensors.items():
+            try:
+                arrays[name] = tensor.detach().cpu().numpy()
+            except TypeError:
+                raise TypeError(
+                    f"Entry {name!r} has dtype {tensor.dtype}, which HDF5 files cannot hold. Store it in another dtype, "
+                    f"or use FlatStorageCheckpointer/NestedStorageCheckpointer, which save it."
+                ) from None
+        tmp = f"{file}.tmp-{secrets.token_hex(6)}"
+        try:
+            with h5py.File(tmp, "w") as f:
+                for name, array in arrays.items():
+                    f.create_dataset(name, data=array, **self.h5_kwargs)
+                f.attrs["torchrl_storage"] = json.dumps(doc)
+                f.attrs["_len"] = len(storage)
+                f.flush()
+                if fsync:
+                    os.fsync(f.id.get_vfd_handle())
+            os.replace(tmp, file)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+    def loads(self, storage, path) -> None:
+        """Loads the HDF5 file of ``path`` into ``storage``, validated first."""
+        h5py = _import_h5py()
+        file = self._file(path, create=False)
+        if not os.path.isfile(file):
+            raise FileNotFoundError(
+                f"No HDF5 checkpoint at {file!r}: save one with storage.dumps(path) first."
+            )
+        with h5py.File(file, "r") as f:
+            raw = f.attrs.get("torchrl_storage")
+            if raw is None:
+                raise CheckpointError(
+                    f"{file!r} holds no 'torchrl_storage' description: it was not written by "
+                    f"H5StorageCheckpointer."
+                )
+            doc = json.loads(raw)
+            tensors = {}
+            for leaf in doc.get("leaves", []):
+                if leaf["tensor"] not in f:
+                    raise CheckpointError(f"{file!r} lacks the dataset {leaf['tensor']!r} that it describes.")
+                tensor = torch.from_numpy(np.asarray(f[leaf["tensor"]][()]))
+                if _io.dtype_name(tensor.dtype) != leaf["dtype"]:
+                    raise CheckpointError(
+                        f"The dataset {leaf['tensor']!r} of {file!r} is {tensor.dtype}, not "
+                        f"{leaf['dtype']} as described."
+                    )
+                tensors[leaf["tensor"]] = tensor
+        self._load_doc(storage, doc, tensors, os.path.dirname(file))
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(checkpoint_file={self.checkpoint_file!r}, done_keys={self.done_keys!r})"
+        )
+
+
+def _import_h5py():
+    try:
+        import h5py
+    except ImportError:  # pragma: no cover - h5py is in the test extras
+        raise ImportError(
+            "H5StorageCheckpointer needs h5py: pip install 'torchrl[h5]' (or pip install h5py), or use "
+            "NestedStorageCheckpointer, which saves the same layout without it."
+        ) from None
+    return h5py

@@ -1,19 +1,21 @@
-"""What storages, samplers and writers share: their checkpoint part, ``dumps``/``loads``, and pickling without
-the buffer's generator."""
+"""The base class of storages, samplers and writers: their checkpoint part, ``dumps``/``loads``, and pickling
+without the buffer's generator."""
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
 
 import torchrl.data.replay_buffers._checkpoint.parts as _persistence
-from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
+from torchrl.data.replay_buffers._checkpoint.format import dump_component, load_component
 
 
-class Component:
-    """Mixin of replay-buffer components.
+class Component(abc.ABC):
+    """Base class of replay-buffer components: :class:`~torchrl.data.Storage`, :class:`~torchrl.data.Sampler`
+    and :class:`~torchrl.data.Writer` derive from it (and from nothing else).
 
     - ``dumps``/``loads`` (aliases ``dump``/``save``/``load``) save the component alone to a checkpoint
       directory;
@@ -25,6 +27,14 @@ class Component:
 
     #: What the component is called in checkpoint error messages.
     checkpoint_role: ClassVar[str] = "component"
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """The component's state: what :meth:`checkpoint_part` saves by default."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores a state returned by :meth:`state_dict`."""
 
     def checkpoint_part(self, ctx: _persistence.PartContext) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """This component's tensors and JSON document in a checkpoint (default: its ``state_dict()``)."""

@@ -9,6 +9,9 @@ written for TorchRL catches ``RuntimeError``, code written for us the precise ty
 
 from __future__ import annotations
 
+#: Exported from ``torchrl.data``; the others are raised as (and caught by) their built-in bases.
+__all__ = ["CheckpointError", "TornReadError", "EpochEnded"]
+
 
 class TypeRuntimeError(TypeError, RuntimeError):
     """A :class:`TypeError` that TorchRL raises as a :class:`RuntimeError`."""

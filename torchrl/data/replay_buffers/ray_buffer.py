@@ -10,10 +10,10 @@ there only. Every other object is a handle that sends method calls to that actor
   rights; it is picklable and finds the actor by name, joining the same cluster if its process is not connected
   yet. Collectors, learners and DataLoader workers hold clients;
 - :class:`~torchrl.data.replay_buffers._ray.dataset.RayReplayBufferDataset` (``rb.as_dataset()``, in
-  ``ray_dataset.py``): each DataLoader worker draws raw batches from the actor and runs the buffer's transforms
+  ``_ray/dataset.py``): each DataLoader worker draws raw batches from the actor and runs the buffer's transforms
   itself.
 
-Ray is imported on first use only (``_ray_runtime``); the actor side is ``_ray_host``.
+Ray is imported on first use only (``_ray/runtime.py``); the actor side is ``_ray/host.py``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from torchrl.data.replay_buffers.replay_buffers._service_backend import (
     register_service_backend,
 )
 
-__all__ = ["RayReplayBuffer", "RayReplayBufferClient"]
+__all__ = ["RayReplayBuffer", "RayReplayBufferDataset"]
 
 #: ``ray.init`` keywords used when this process has not initialized Ray (``ray_init_config`` overrides them).
 DEFAULT_RAY_INIT_CONFIG: dict[str, Any] = {"include_dashboard": False}
@@ -242,7 +242,7 @@ class RayReplayBufferClient:
         <torchrl.data.ReplayBuffer.sample>`. A dense TensorDict or tensor batch travels as numpy arrays: its
         tensors view Ray's object store (no copy), which keeps that memory while they are referenced."""
         data, info = self._remote("sample", batch_size, bool(return_info))
-        data = decode(data)  # see _ray_wire: the batch's tensors view Ray's object store (no copy)
+        data = decode(data)  # see _ray/wire.py: the batch's tensors view Ray's object store (no copy)
         return (data, info) if return_info else data
 
     def sample_raw(self, batch_size: int | None = None):

@@ -35,7 +35,7 @@ from torchrl.data.replay_buffers.samplers._trajectories import (
 )
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
 
-__all__ = ["SampleUnit", "Transition", "Sequence", "check_sample_unit"]
+__all__ = ["SampleUnit", "Transition", "Sequence"]
 
 _BOUNDARIES = ("pad", "stop", "include_reset")
 

@@ -4,6 +4,8 @@
 - :func:`pin_memory_output`: a method decorator that pins what the method returns when ``self._pin_memory``;
 - :data:`INT_CLASSES` / :data:`INT_CLASSES_TYPING`: the integer types accepted as one index;
 - :func:`find_start_stop_traj`: trajectory start/stop positions from done flags or trajectory ids;
+- :func:`has_nontensor`: whether a TensorDict holds a non-tensor entry (what tensor storages encode as strings
+  and what the TED storage checkpointers refuse);
 - the TED layouts (:class:`TED2Flat`, :class:`Flat2TED`, ...) and :data:`DEFAULT_DONE_KEYS`, defined in
   :mod:`torchrl.data.replay_buffers.ted`.
 
@@ -19,10 +21,10 @@ from typing import Any, Union
 import numpy as np
 import torch
 import torch.utils._pytree as _pytree
+from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 
 from torchrl.data.replay_buffers.ted import (
     DEFAULT_DONE_KEYS,
-    DEFAULT_REWARD_KEYS,
     Flat2TED,
     H5Combine,
     H5Split,
@@ -31,13 +33,10 @@ from torchrl.data.replay_buffers.ted import (
     TED2Nested,
 )
 
+# What ``torchrl.data`` exports from here; INT_CLASSES, INT_CLASSES_TYPING, DEFAULT_REWARD_KEYS, tree_iter and
+# pin_memory_output are TorchRL's names of this module, imported by name.
 __all__ = [
-    "INT_CLASSES",
-    "INT_CLASSES_TYPING",
     "DEFAULT_DONE_KEYS",
-    "DEFAULT_REWARD_KEYS",
-    "tree_iter",
-    "pin_memory_output",
     "find_start_stop_traj",
     "TED2Flat",
     "Flat2TED",
@@ -69,6 +68,33 @@ def tree_iter(pytree: Any, is_leaf: Callable[[Any], bool] | None = None) -> Iter
         [tensor([0.]), 1, 2, 3]
     """
     return iter(_pytree.tree_leaves(pytree, is_leaf=is_leaf))
+
+
+def has_nontensor(td: TensorDictBase) -> bool:
+    """Whether ``td`` holds a non-tensor entry (``NonTensorData``/``NonTensorStack``), at any depth.
+
+    One pass over the values, without stacking: a lazy stack is looked at through its members.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import NonTensorStack, TensorDict
+        >>> from torchrl.data.replay_buffers.utils import has_nontensor
+        >>> has_nontensor(TensorDict(obs=torch.zeros(2), batch_size=[2]))
+        False
+        >>> has_nontensor(TensorDict(nested={"text": NonTensorStack("a", "b")}, batch_size=[2]))
+        True
+    """
+    members = getattr(td, "tensordicts", None)  # a lazy stack: look at its members, never stack them
+    if members is not None:
+        return any(has_nontensor(member) for member in members)
+    for value in td.values():
+        if isinstance(value, torch.Tensor):
+            continue
+        if isinstance(value, (NonTensorData, NonTensorStack)):
+            return True
+        if isinstance(value, TensorDictBase) and has_nontensor(value):
+            return True
+    return False
 
 
 def _pin(value):

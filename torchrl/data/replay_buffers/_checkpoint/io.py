@@ -80,6 +80,15 @@ def name_problem(name) -> str | None:
     return None
 
 
+def leaf_names(keys: list[tuple]) -> list[str]:
+    """The tensor names of the leaves ``keys`` (tuples of str) of a saved TensorDict: their ``/``-joined key
+    paths when every path is a valid name (see :func:`name_problem`) and no two are equal, else ``leaf_<i>``."""
+    names = ["/".join(key) for key in keys]
+    if all(name_problem(n) is None for n in names) and len(set(names)) == len(names):
+        return names
+    return [f"leaf_{i}" for i in range(len(keys))]
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """The checkpoint's name of ``dtype``; ``TypeError`` for a dtype outside the allowlist."""
     try:

@@ -6,7 +6,7 @@ method and its arguments (:meth:`BufferHost.call`) and get the result back by va
 buffer itself (``append_transform`` returns ``self``) returns :data:`SELF` instead of a copy of the buffer.
 
 :meth:`BufferHost.sample_raw` (and :meth:`BufferHost.sample_raw_batches`, several at once, encoded for the
-object store by ``_ray_wire``) samples without the buffer's forward transforms, and
+object store by ``wire.py``) samples without the buffer's forward transforms, and
 :meth:`BufferHost.sample_transform` returns them: ``RayReplayBuffer.as_dataset`` runs the transforms in the
 DataLoader workers while the sampler's state stays in the actor.
 """
@@ -144,7 +144,7 @@ class BufferHost:
 
     def sample(self, batch_size: int | None, return_info: bool):
         """``buffer.sample(batch_size, return_info)`` with the batch encoded for the object store
-        (``_ray_wire.encode``; the info dict travels as it is)."""
+        (``wire.encode``; the info dict travels as it is)."""
         out = self.buffer.sample(batch_size, return_info=return_info)
         return (encode(out[0]), out[1]) if return_info else (encode(out), None)
 
@@ -164,7 +164,7 @@ class BufferHost:
         return callable(getattr(type(self.buffer), "sample_raw", None))
 
     def sample_raw_batches(self, batch_size: int | None, count: int) -> list:
-        """``count`` batches of :meth:`sample_raw`, encoded for the object store (``_ray_wire.encode``): the
+        """``count`` batches of :meth:`sample_raw`, encoded for the object store (``wire.encode``): the
         reader gets their tensors without a copy, and one call (one reply) carries them all."""
         return encode_all([self.sample_raw(batch_size) for _ in range(count)])
 

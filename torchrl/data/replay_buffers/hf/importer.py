@@ -5,6 +5,9 @@ A dataset exported by this library carries its metadata (``torchrl_export.json``
 columns derived at export (episode and frame indices) are skipped unless asked for. Any other dataset is read
 column by column: the column ``"a.b"`` becomes the key ``("a", "b")``, numbers and bools become tensors,
 fixed-length lists and ``ArrayND`` columns become tensors of their shape.
+
+The buffer's side, :func:`extend_from_hf` and :func:`buffer_from_hf`, is what ``rb.extend_from_hf`` and
+``ReplayBuffer.from_hf`` call: the rows go through the buffer's public ``extend``, chunk by chunk.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torchrl.data.replay_buffers.hf.columns import (
     SCHEMA_VERSION,
     VALUE_COLUMN,
 )
+from torchrl.data.replay_buffers.storages import LazyTensorStorage, ListStorage, TensorStorage
 
 
 def _load(source):
@@ -258,3 +262,68 @@ def import_hf(source, *, columns=None, ignore_metadata: bool = False, chunk_byte
     """
     reader = HFReader(source, columns=columns, ignore_metadata=ignore_metadata)
     return reader.chunks(chunk_rows_for(reader, chunk_bytes))
+
+
+# -- the buffer's side: rb.extend_from_hf and ReplayBuffer.from_hf ------------------------------------------------
+def extend_from_hf(rb, source, *, columns=None, ignore_metadata: bool = False, chunk_bytes: int = 64 << 20) -> int:
+    """Extends the buffer ``rb`` with the rows of a Hugging Face dataset, in chunks, through ``rb.extend``;
+    returns how many rows were written. See :meth:`ReplayBuffer.extend_from_hf
+    <torchrl.data.ReplayBuffer.extend_from_hf>` for the arguments."""
+    reader = HFReader(source, columns=columns, ignore_metadata=ignore_metadata)
+    _check_ragged_fits(reader, rb.storage)
+    _write_chunks(rb, reader, chunk_bytes)
+    return len(reader)
+
+
+def buffer_from_hf(
+    buffer_class: type,
+    source,
+    *,
+    storage=None,
+    columns=None,
+    ignore_metadata: bool = False,
+    chunk_bytes: int = 64 << 20,
+    **kwargs,
+):
+    """A new ``buffer_class(storage=..., **kwargs)`` holding the rows of a Hugging Face dataset. See
+    :meth:`ReplayBuffer.from_hf <torchrl.data.ReplayBuffer.from_hf>` for the arguments."""
+    reader = HFReader(source, columns=columns, ignore_metadata=ignore_metadata)
+    if storage is None:
+        list_items = reader.ragged or reader.list_items
+        storage = (ListStorage if list_items else LazyTensorStorage)(max(1, len(reader)))
+    elif storage.max_size < len(reader):
+        raise ValueError(
+            f"`storage` holds {storage.max_size} items and the dataset has {len(reader)} rows: the first rows "
+            f"would be overwritten. Pass a storage of at least {len(reader)} items, or use "
+            f"rb.extend_from_hf(source) to keep only the newest rows."
+        )
+    rb = buffer_class(storage=storage, **kwargs)
+    _check_ragged_fits(reader, storage)
+    _write_chunks(rb, reader, chunk_bytes)
+    return rb
+
+
+def _write_chunks(rb, reader: HFReader, chunk_bytes: int) -> None:
+    """``rb.extend`` of each chunk; the storage allocated by the first one is advised to use huge pages (a
+    bulk fill: see :meth:`TensorStorage.advise_huge_pages <torchrl.data.TensorStorage.advise_huge_pages>`)."""
+    for i, chunk in enumerate(reader.chunks(chunk_rows_for(reader, chunk_bytes), copy=_needs_own_tensors(rb))):
+        rb.extend(chunk)
+        if i == 0 and isinstance(rb.storage, TensorStorage):  # allocated by this first write
+            rb.storage.advise_huge_pages()
+
+
+def _needs_own_tensors(rb) -> bool:
+    """Whether the chunks written to ``rb`` must own their memory. A tensor storage copies what it is given and
+    a buffer without transforms writes nothing into it, so views of the dataset's (read-only, memory-mapped)
+    Arrow buffers are enough, which spares a copy of every row; a list storage keeps the objects themselves,
+    and an inverse transform may work in place."""
+    return not isinstance(rb.storage, TensorStorage) or len(rb.transform) > 0
+
+
+def _check_ragged_fits(reader: HFReader, storage) -> None:
+    if reader.ragged and isinstance(storage, TensorStorage):
+        ragged = [s["column"] for s in reader.specs if s["encoding"] == "ragged"]
+        raise ValueError(
+            f"The columns {ragged} hold items of different shapes, which a {type(storage).__name__} cannot store. "
+            f"Import into a ListStorage (storage=ListStorage(n)), or leave them out with `columns=[...]`."
+        )

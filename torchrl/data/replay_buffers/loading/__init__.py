@@ -6,3 +6,7 @@
 - ``worker_threads``: the check that refuses forked workers with several torch threads;
 - ``worker_transport``: how workers send batches to the main process (NOTE [worker transport]).
 """
+
+from torchrl.data.replay_buffers.loading.collate import tensordict_collate
+
+__all__ = ["tensordict_collate"]

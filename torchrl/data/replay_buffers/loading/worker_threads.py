@@ -9,9 +9,9 @@ a worker's transform is slow) turns the job into a silent hang. The datasets ove
 :func:`check_worker_threads` at their first read in a worker, after ``worker_init_fn`` has run, and raise an
 error naming the fix instead.
 
-How a forked worker is recognised, on public seams only: a dataset records the pid of the process that built
-or unpickled it (:class:`ForkThreadGuard`). spawn and forkserver workers receive the dataset by pickling, so
-the recorded pid is their own; a forked worker inherits the parent's object, so the pid differs.
+How a forked worker is recognised, on public seams only: a dataset holds a :class:`WorkerThreadCheck`, which
+records the pid of the process that built or unpickled it. spawn and forkserver workers receive the dataset by
+pickling, so the recorded pid is their own; a forked worker inherits the parent's object, so the pid differs.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import os
 import torch
 from torch.utils.data import get_worker_info
 
-__all__ = ["ForkThreadGuard", "check_worker_threads", "uses_openmp"]
+__all__ = ["WorkerThreadCheck", "check_worker_threads", "uses_openmp"]
 
 _OPENMP: bool | None = None
 
@@ -60,27 +60,36 @@ def check_worker_threads(dataset, origin_pid: int) -> None:
         )
 
 
-class ForkThreadGuard:
-    """Mixin for a dataset: records where the object was built or unpickled, and checks worker threads.
+class WorkerThreadCheck:
+    """The check of :func:`check_worker_threads` for one dataset, run once per process.
 
-    A subclass calls :meth:`_check_worker_threads` at its first read in each process; the check itself costs
-    one ``get_worker_info()`` call and is then skipped in that process.
+    A dataset builds one in its ``__init__`` (``self._thread_check = WorkerThreadCheck()``) and calls
+    ``self._thread_check.check(self)`` at each read: the first call in a process costs one ``get_worker_info()``
+    call, the next ones compare a pid. The object records the process that built it; a copy made by pickling
+    (what a spawn or forkserver worker receives) records the process that unpickles it, while a forked worker
+    inherits the parent's object and its pid.
+
+    Examples:
+        >>> from torchrl.data.replay_buffers.loading.worker_threads import WorkerThreadCheck
+        >>> check = WorkerThreadCheck()
+        >>> check.check(object())  # the main process: nothing to refuse
+        >>> check.checked_pid == check.origin_pid
+        True
     """
 
-    _origin_pid: int | None = None
-    _threads_checked_pid: int | None = None
+    __slots__ = ("origin_pid", "checked_pid")
 
-    def _record_origin(self) -> None:
-        self._origin_pid = os.getpid()
+    def __init__(self) -> None:
+        self.origin_pid: int = os.getpid()
+        self.checked_pid: int | None = None
 
-    def _check_worker_threads(self) -> None:
+    def check(self, dataset) -> None:
+        """Raises the ``RuntimeError`` of :func:`check_worker_threads` for ``dataset``, once per process."""
         pid = os.getpid()
-        if self._threads_checked_pid == pid:
+        if self.checked_pid == pid:
             return
-        check_worker_threads(self, self._origin_pid if self._origin_pid is not None else pid)
-        self._threads_checked_pid = pid
+        check_worker_threads(dataset, self.origin_pid)
+        self.checked_pid = pid
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._record_origin()
-        self._threads_checked_pid = None
+    def __reduce__(self):
+        return (WorkerThreadCheck, ())  # a copy records the process that unpickles it

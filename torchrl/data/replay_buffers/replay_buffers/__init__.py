@@ -1,7 +1,8 @@
 """Replay buffers: storage + writer + sampler + transforms behind one object."""
 
-from torchrl.data.replay_buffers.replay_buffers._compat import ConditionalUpdateResult
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
+from torchrl.data.replay_buffers.replay_buffers.conditional_update import ConditionalUpdateResult
+from torchrl.data.replay_buffers.replay_buffers.dataset import ReplayBufferDataset
 from torchrl.data.replay_buffers.replay_buffers.ensemble import ReplayBufferEnsemble
 from torchrl.data.replay_buffers.replay_buffers.prioritized import (
     PrioritizedReplayBuffer,
@@ -18,6 +19,7 @@ __all__ = [
     "ReplayBufferEnsemble",
     "RemoteTensorDictReplayBuffer",
     "ConditionalUpdateResult",
+    "ReplayBufferDataset",
 ]
 
 for _cls in (

@@ -27,7 +27,6 @@ from torchrl._validation import check_bool
 __all__ = [
     "HOSTED_CLASS_ATTRIBUTE",
     "ServiceBackendMeta",
-    "ServiceMethodsMixin",
     "check_service_options",
     "register_service_backend",
 ]
@@ -203,28 +202,3 @@ class ServiceBackendMeta(abc.ABCMeta):
         # inspect.signature (and Sphinx) would otherwise show this metaclass's ``__call__(*args, **kwargs)``.
         return _init_signature(cls)
 
-
-class ServiceMethodsMixin:
-    """The service API of TorchRL's buffers, on a buffer that runs in this process (``service_backend="direct"``).
-
-    Code written for a buffer hosted by a service (a :class:`~torchrl.data.RayReplayBuffer`) runs unchanged on a
-    direct buffer: ``client()`` and ``start()`` return the buffer itself, and it is always alive.
-    """
-
-    @property
-    def service_backend(self) -> str:
-        """``"direct"``: the buffer lives in this process (``"ray"`` on a :class:`~torchrl.data.RayReplayBuffer`)."""
-        return "direct"
-
-    @property
-    def is_alive(self) -> bool:
-        """``True``: a buffer in this process is always alive."""
-        return True
-
-    def start(self):
-        """Returns the buffer (there is nothing to start in this process)."""
-        return self
-
-    def client(self):
-        """Returns the buffer: in this process, the buffer is its own client."""
-        return self

@@ -4,61 +4,89 @@ Write path: ``extend(data)`` -> inverse transforms -> ``writer.extend`` (which c
 ``storage.mark_update`` -> ``self.mark_update`` -> ``sampler.mark_update``) -> ``sampler.extend(index)``.
 Sample path: ``sample(batch_size)`` -> ``sampler.sample(storage, batch_size)`` -> ``storage.get(index)`` (one
 gather) -> ``collate_fn`` -> forward transforms. Sampling and writing hold one re-entrant lock around the
-storage, so a thread can extend while another samples (``prefetch=k`` samples ahead in a thread pool).
+storage, so a thread can extend while another samples (``prefetch=k`` samples ahead in a thread pool: see
+NOTE [prefetch epochs] in ``_prefetch.py``).
 
-Pickling (``pickle``, ``torch.save``, DataLoader workers) drops the locks and the thread pool and rebuilds
-them; the batches already prefetched travel with the buffer, as in TorchRL (see ``_prefetch_state``), and a
-DataLoader worker's copy drops them; the generator state travels as ``bytes``.
+State: ``state_dict()``, the checkpoint part (``dumps``/``loads``) and pickling are the buffer's own fields
+plus its children's (storage, sampler, writer, transforms). Pickling (``pickle``, ``torch.save``, DataLoader
+workers) drops the locks and the thread pool and rebuilds them; the batches already prefetched travel with the
+buffer, as in TorchRL (``_prefetch.py``), and a DataLoader worker's copy drops them; the generator state
+travels as ``bytes``.
+
+Other concepts live in their packages, and the methods here delegate to them: the Hugging Face exchange
+(:mod:`~torchrl.data.replay_buffers.hf`), the DataLoader adapter
+(:mod:`~torchrl.data.replay_buffers.replay_buffers.dataset`), the checks of arguments and components
+(``_checks.py``) and the service backends (``_service_backend.py``).
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import contextlib
+import copy
+import numbers
 import threading
 import warnings
+import weakref
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
+import torchrl.data.replay_buffers.hf.export as _hf_export
+import torchrl.data.replay_buffers.hf.importer as _hf_import
+import torchrl.data.replay_buffers.replay_buffers._prefetch as _prefetch
 from torchrl._validation import check_int, check_positive_int
+from torchrl.data.replay_buffers._checkpoint.generator_state import generator_from_state, generator_to_state
+from torchrl.data.replay_buffers._checkpoint.parts import (
+    PartContext,
+    check_class,
+    check_part,
+    dump_part,
+    load_part,
+    qualname,
+)
+from torchrl.data.replay_buffers._checkpoint.validate import check_int_field
+from torchrl.data.replay_buffers._shared.counters import is_spawning
+from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
+from torchrl.data.replay_buffers.errors import CheckpointError
 from torchrl.data.replay_buffers.loading.collate import stack_samples
-from torchrl.data.replay_buffers.replay_buffers._buffer_state import BufferStateMixin
-from torchrl.data.replay_buffers.replay_buffers._capabilities import (
+from torchrl.data.replay_buffers.replay_buffers._checks import (
+    check_compat_keywords,
     check_component,
+    check_consuming_buffer,
     check_drop_last,
     check_sampler_fits_storage,
+    consuming_sampler_for,
     default_writer_for,
 )
-from torchrl.data.replay_buffers.replay_buffers._compat import (
-    BufferCompatMixin,
-    check_compat_keywords,
-    check_consuming_buffer,
-    consuming_sampler_for,
+from torchrl.data.replay_buffers.replay_buffers._service_backend import ServiceBackendMeta
+from torchrl.data.replay_buffers.replay_buffers.conditional_update import ConditionalUpdateResult
+from torchrl.data.replay_buffers.replay_buffers.dataset import (
+    ReplayBufferDataset,
+    unshared_stateful_component,
 )
-from torchrl.data.replay_buffers.replay_buffers._component_setters import ComponentSettersMixin
-from torchrl.data.replay_buffers.replay_buffers._hf_methods import HFExchangeMixin
-from torchrl.data.replay_buffers.replay_buffers._prefetch_order import current_turn, submit_in_order
-from torchrl.data.replay_buffers.replay_buffers._service_backend import (
-    ServiceBackendMeta,
-    ServiceMethodsMixin,
-)
-from torchrl.data.replay_buffers.replay_buffers._worker_hooks import WorkerHooksMixin
 from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
 from torchrl.data.replay_buffers.storages import ListStorage, Storage, TensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter, Writer
 from torchrl.envs.transforms.transforms import Compose, _InvertTransform, as_transform
+
+# the iterator behind ReplayBuffer.next(), per buffer: kept out of the buffer's __dict__ (never pickled)
+_NEXT_ITERATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# the children of a buffer's checkpoint part, in the order they are saved
+_CHECKPOINT_ROLES = ("storage", "sampler", "writer", "transforms")
+# the small children, loaded before the storage and put back if a later load raises
+_SMALL_CHILDREN = ("sampler", "writer", "transforms")
 
 
 def _identity(x):
     return x
 
 
-class ReplayBuffer(
-    BufferStateMixin, BufferCompatMixin, ComponentSettersMixin, HFExchangeMixin, WorkerHooksMixin,
-    ServiceMethodsMixin, metaclass=ServiceBackendMeta,
-):
+class ReplayBuffer(metaclass=ServiceBackendMeta):
     """A replay buffer: writes go through a writer into a storage; samples are drawn by a sampler.
 
     Keyword Args:
@@ -120,6 +148,10 @@ class ReplayBuffer(
         >>> rb.sample().shape, len(rb)
         (torch.Size([4]), 10)
     """
+
+    # class defaults of fields added with TorchRL's keywords: a buffer pickled before they existed still unpickles
+    _sample_unit = None
+    _compilable = False
 
     def __init__(
         self,
@@ -266,6 +298,17 @@ class ReplayBuffer(
     @property
     def write_count(self) -> int:
         return getattr(self._writer, "write_count", 0)
+
+    @property
+    def sample_unit(self):
+        """The :class:`~torchrl.data.replay_buffers.sample_units.SampleUnit` that turns drawn positions into
+        the positions read (``None``: one item per position)."""
+        return self._sample_unit
+
+    @property
+    def initialized(self) -> bool:
+        """Always ``True``: a buffer is built at once (``delayed_init`` is accepted without effect)."""
+        return True
 
     def set_rng(self, generator: torch.Generator | None) -> None:
         """Routes every random draw (sampler, storage, writer) through ``generator``."""
@@ -428,7 +471,7 @@ class ReplayBuffer(
         return (data, info) if return_info else data
 
     def _sample_prefetched(self, bs: int):
-        with self._futures_lock:  # see NOTE [prefetch epochs] in _prefetch_order
+        with self._futures_lock:  # see NOTE [prefetch epochs] in _prefetch.py
             queue = self._prefetch_queue
             if queue:
                 future = queue.popleft()
@@ -439,13 +482,15 @@ class ReplayBuffer(
                 result, ended = self._sample(bs), self._sampler.ran_out
             while len(queue) < self._prefetch:
                 previous = getattr(self, "_last_draw_turn", None)
-                future, self._last_draw_turn = submit_in_order(self._prefetch_executor, self._sample, bs, previous)
+                future, self._last_draw_turn = _prefetch.submit_in_order(
+                    self._prefetch_executor, self._sample, bs, previous
+                )
                 queue.append(future)
         self._epoch_ended = ended
         return result
 
     def _sample(self, batch_size: int, transform: bool = True):
-        turn = current_turn()  # a prefetch task: draw after the task submitted before it
+        turn = _prefetch.current_turn()  # a prefetch task: draw after the task submitted before it
         if turn is not None:
             turn.wait_previous()
         with self._replay_lock:
@@ -483,7 +528,7 @@ class ReplayBuffer(
         while True:
             self._epoch_ended = None
             yield self.sample()
-            ended = self._epoch_ended  # from a prefetched batch: see NOTE [prefetch epochs]
+            ended = self._epoch_ended  # from a prefetched batch: see NOTE [prefetch epochs] in _prefetch.py
             if self._sampler.ran_out if ended is None else ended:
                 return
 
@@ -523,6 +568,682 @@ class ReplayBuffer(
         self._transform.insert(index, _InvertTransform(transform) if invert else transform)
         return self
 
+    # -- statistics ---------------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """``{"size", "write_count", "prefetch_queue_size", "initialized"}``, plus ``"capacity"`` and
+        ``"utilization"`` (size / capacity) for a storage of finite capacity."""
+        out = {
+            "size": len(self),
+            "write_count": self.write_count,
+            "prefetch_queue_size": len(self._prefetch_queue),
+            "initialized": True,
+        }
+        capacity = getattr(self._storage, "max_size", None)
+        if capacity is not None and capacity < torch.iinfo(torch.int64).max:
+            out["capacity"] = int(capacity)
+            out["utilization"] = len(self) / capacity if capacity else 0.0
+        return out
+
+    # -- in-place edits of the stored data (TorchRL's set_, set_at_, update_, update_if_present) ----------------
+    def _edit_rows(self, index, edit) -> None:
+        with self._replay_lock, self._storage.write_lock:
+            if index is None:
+                index = torch.arange(self._storage.rows_written())
+            data = self._storage.get(index)
+            if not isinstance(data, TensorDictBase):
+                raise TypeError(
+                    f"In-place edits need a storage of TensorDicts; this buffer's storage returned "
+                    f"{type(data).__name__}. Write the new values with rb[index] = value instead."
+                )
+            edit(data)
+            self._storage.set(index, data, set_cursor=False)
+
+    def set_(self, key, value) -> None:
+        """Sets entry ``key`` of every stored item to ``value`` (shaped like the stored rows)."""
+        self._edit_rows(None, lambda data: data.set_(key, value))
+
+    def set_at_(self, key, value, index) -> None:
+        """Sets entry ``key`` of the stored items at ``index`` (rows) to ``value``."""
+        self._edit_rows(torch.as_tensor(index, dtype=torch.long), lambda data: data.set_(key, value))
+
+    def update_(self, tensordict: TensorDictBase, clone: bool = False, *, keys_to_update=None) -> None:
+        """Updates the stored items in place with the entries of ``tensordict`` (shaped like the stored rows)."""
+        src = tensordict.clone() if clone else tensordict
+        self._edit_rows(None, lambda data: data.update_(src, keys_to_update=keys_to_update))
+
+    def read_all_in_order(self, end: int | None = None):
+        """The stored items in storage order, up to ``end`` (``rb[:end]``)."""
+        return self[:end]
+
+    def write_all(self, data, end: int | None = None) -> None:
+        """Overwrites the stored items up to ``end`` (``rb[:end] = data``)."""
+        self[:end] = data
+
+    def update_if_present(
+        self, *, index, generation, patch: TensorDictBase, version_key=None, version=None, require_newer=False
+    ) -> ConditionalUpdateResult:
+        """Writes ``patch`` into the rows at ``index`` that were not overwritten since they were read.
+
+        ``generation`` is what ``info["index_generation"]`` held when the rows were sampled; a row whose
+        generation changed since (overwritten or emptied) is left alone. With ``version_key``, a row is also
+        left alone when its stored version is newer than ``version`` (or not older, with
+        ``require_newer=True``); written rows get ``version`` in that entry. Needs a writer built with
+        ``track_generations=True``.
+
+        Returns:
+            ConditionalUpdateResult: the ``updated`` and ``version_rejected`` masks over ``index``.
+        """
+        if not self._writer.tracks_generations:
+            raise RuntimeError(
+                "update_if_present() compares slot generations: build the writer with "
+                "RoundRobinWriter(track_generations=True) (or TensorDictRoundRobinWriter(track_generations=True))."
+            )
+        index = torch.as_tensor(index, dtype=torch.long).reshape(-1)
+        generation = torch.as_tensor(generation, dtype=torch.long).reshape(-1).expand_as(index)
+        with self._replay_lock, self._storage.write_lock:
+            fresh = self._writer.generations_of(index) == generation
+            rejected = torch.zeros_like(fresh)
+            if version_key is not None:
+                if version is None:
+                    raise ValueError("`version_key` needs `version`, the version of the patch.")
+                version = torch.as_tensor(version).reshape(-1).expand(index.shape)
+                stored = self._storage.get(index).get(version_key).reshape(index.shape[0], -1)[:, 0]
+                ok = version > stored if require_newer else version >= stored
+                rejected = fresh & ~ok
+                fresh = fresh & ok
+            if bool(fresh.any()):
+                rows = index[fresh]
+                part = patch[fresh] if patch.batch_dims else patch.expand(rows.shape[0])
+                current = self._storage.get(rows)
+                current.update(part)
+                if version_key is not None:
+                    current.set(version_key, version[fresh].to(current.get(version_key).dtype))
+                self._storage.set(rows, current, set_cursor=False)
+        return ConditionalUpdateResult(updated=fresh, version_rejected=rejected)
+
+    # -- persistent iteration (next) and TorchRL's checkpoint hooks ---------------------------------------------
+    def next(self):
+        """One batch of a persistent iteration over the buffer (see ``__iter__``); ``None`` once the sampler
+        ran out, after which the next call starts a new pass."""
+        iterator = _NEXT_ITERATORS.get(self)
+        if iterator is None:
+            iterator = _NEXT_ITERATORS[self] = iter(self)
+        try:
+            return next(iterator)
+        except StopIteration:
+            _NEXT_ITERATORS.pop(self, None)
+            return None
+
+    def register_save_hook(self, hook) -> None:
+        """Forwarded to the storage's checkpointer, which refuses hooks (they would run arbitrary code on the
+        saved data: this checkpoint format runs none)."""
+        self._storage.checkpointer.register_save_hook(hook)
+
+    def register_load_hook(self, hook) -> None:
+        """Forwarded to the storage's checkpointer, which refuses hooks (see :meth:`register_save_hook`)."""
+        self._storage.checkpointer.register_load_hook(hook)
+
+    # -- swapping components (set_storage, set_writer, set_sampler) and shutdown --------------------------------
+    def _swap(self, attribute: str, component, wire) -> object:
+        """Replaces ``self.<attribute>`` by ``component`` once no prefetch task runs, then calls ``wire()``."""
+        with self._futures_lock:
+            _prefetch.wait(self._prefetch_queue)  # before the replay lock, which prefetch tasks take
+            self._prefetch_queue.clear()  # sampled from the component being replaced
+            with self._replay_lock, self._storage.write_lock:
+                previous = getattr(self, attribute)
+                setattr(self, attribute, component)
+                wire(previous)
+        return previous
+
+    def set_storage(self, storage: Storage, collate_fn=None) -> Storage:
+        """Replaces the storage and returns the previous one.
+
+        The writer writes to the new storage from now on, after the rows it already holds (its write count is
+        kept; a :class:`~torchrl.data.TensorDictMaxValueWriter` starts its ranking over). The sampler keeps its
+        state and is told of the items the new storage holds, and the collate function becomes ``collate_fn`` or
+        the default for that storage. A shared buffer shares the new storage.
+
+        Raises:
+            TypeError: ``storage`` is not a :class:`~torchrl.data.replay_buffers.Storage`, or the sampler cannot
+                draw from it (see :class:`~torchrl.data.DatasetStorage`).
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage, ListStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=ListStorage(10))
+            >>> _ = rb.extend([1, 2])
+            >>> old = rb.set_storage(LazyTensorStorage(10))
+            >>> _ = rb.extend(torch.arange(3))
+            >>> type(old).__name__, len(old), rb[:]
+            ('ListStorage', 2, tensor([0, 1, 2]))
+        """
+        check_component("storage", storage, Storage)
+        check_sampler_fits_storage(self._sampler, storage)
+        check_consuming_buffer(self._sampler, storage, self._writer, self._prefetch)
+
+        def wire(previous: Storage) -> None:
+            previous.detach(self)
+            storage.attach(self)
+            self._writer.register_storage(storage)
+            if getattr(storage, "writable", True):  # the writer starts after the rows the new storage holds
+                self._writer._empty(empty_write_count=False)
+                if len(storage):
+                    with contextlib.suppress(AttributeError):  # a writer that keeps no cursor
+                        self._writer._cursor = _next_row(storage)
+            self._collate_fn = collate_fn if collate_fn is not None else self._default_collate()
+            if self._dim_extend >= storage.ndim:
+                self._dim_extend = storage.ndim - 1
+            if self._shared and hasattr(storage, "share_memory_"):
+                storage.share_memory_()
+            self.set_rng(self._rng)  # routes the buffer's generator to the new storage
+            if len(storage):
+                self._sampler.mark_update(torch.arange(len(storage)), storage=storage)
+
+        return self._swap("_storage", storage, wire)
+
+    def set_writer(self, writer: Writer) -> Writer:
+        """Replaces the writer and returns the previous one. The new writer is registered with the storage
+        and starts at its own cursor; a shared buffer shares its cursor.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer, RoundRobinWriter
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(4))
+            >>> _ = rb.extend(torch.arange(3))
+            >>> type(rb.set_writer(RoundRobinWriter())).__name__
+            'RoundRobinWriter'
+            >>> _ = rb.extend(torch.tensor([7]))  # the new writer starts at row 0
+            >>> rb[:]
+            tensor([7, 1, 2])
+        """
+        check_component("writer", writer, Writer)
+        check_consuming_buffer(self._sampler, self._storage, writer, self._prefetch)
+
+        def wire(previous: Writer) -> None:
+            writer.register_storage(self._storage)
+            self.set_rng(self._rng)
+            if self._shared:
+                writer.share_memory_()
+
+        return self._swap("_writer", writer, wire)
+
+    def set_sampler(self, sampler: Sampler) -> Sampler:
+        """Replaces the sampler and returns the previous one. The new sampler is told of the items already
+        stored (a prioritized sampler gives them its default priority); a shared buffer shares its state when
+        it can.
+
+        Raises:
+            TypeError: ``sampler`` is not a :class:`~torchrl.data.replay_buffers.Sampler`, or cannot draw from
+                the storage.
+            ValueError: a sampler that consumes items with a writer that cannot refill them, or
+                ``drop_last=True`` on a buffer without ``batch_size``.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer, SamplerWithoutReplacement
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=5)
+            >>> _ = rb.extend(torch.arange(10))
+            >>> type(rb.set_sampler(SamplerWithoutReplacement())).__name__
+            'RandomSampler'
+            >>> sorted(torch.cat([rb.sample(), rb.sample()]).tolist()) == list(range(10))
+            True
+        """
+        check_component("sampler", sampler, Sampler)
+        check_sampler_fits_storage(sampler, self._storage)
+        check_consuming_buffer(sampler, self._storage, self._writer, self._prefetch)
+        check_drop_last(sampler, self._batch_size)
+
+        def wire(previous: Sampler) -> None:
+            self.set_rng(self._rng)
+            if self._shared and sampler.requires_shared_state and sampler.can_share_state:
+                sampler.share_memory_()
+            if len(self._storage):
+                sampler.mark_update(torch.arange(len(self._storage)), storage=self._storage)
+
+        return self._swap("_sampler", sampler, wire)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stops the threads that sample ahead (``prefetch``): waits up to ``timeout`` seconds (``None``: as long
+        as it takes) for the batches in flight, drops them, and samples without prefetching from then on. A
+        buffer without prefetching has nothing to stop. (TorchRL's service API: on a
+        :class:`~torchrl.data.RayReplayBuffer`, :meth:`~torchrl.data.RayReplayBuffer.close` ends the actor.)
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=2, prefetch=2)
+            >>> _ = rb.extend(torch.arange(10))
+            >>> _ = rb.sample()
+            >>> rb.shutdown(timeout=5.0)
+            >>> rb.stats()["prefetch_queue_size"], rb.sample().shape
+            (0, torch.Size([2]))
+        """
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0
+        ):
+            raise ValueError(f"`timeout` must be None or a non-negative number of seconds, got {timeout!r}.")
+        with self._futures_lock:
+            pending, executor = list(self._prefetch_queue), self._prefetch_executor
+            self._prefetch_queue.clear()
+            self._prefetch_executor, self._prefetch = None, 0
+        if pending:
+            concurrent.futures.wait(pending, timeout=timeout)
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- state --------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The state of every component; as in TorchRL, ``"_prefetch_state"`` holds the batches sampled ahead
+        (``prefetch``) and not returned yet, so that a restored buffer returns the same next batches."""
+        with self._futures_lock:  # after the tasks in flight: their draws moved the sampler and the generator
+            prefetched = _prefetch.capture(self._prefetch_queue, self._prefetch)
+        rng = self._rng
+        return {
+            "_prefetch_state": prefetched,
+            "_storage": self._storage.state_dict(),
+            "_sampler": self._sampler.state_dict(),
+            "_writer": self._writer.state_dict(),
+            "_transforms": self._transform.state_dict(),
+            "_batch_size": self._batch_size,
+            "_rng": generator_to_state(rng),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        prefetched = _prefetch.restore(state_dict.get("_prefetch_state"), self._prefetch)
+        with self._futures_lock:
+            self._prefetch_queue.clear()
+        with self._replay_lock, self._storage.write_lock:
+            self._storage.load_state_dict(state_dict["_storage"])
+            self._sampler.load_state_dict(state_dict["_sampler"])
+            self._writer.load_state_dict(state_dict["_writer"])
+            self._transform.load_state_dict(state_dict["_transforms"])
+            self._batch_size = state_dict.get("_batch_size", self._batch_size)
+            rng = generator_from_state(state_dict.get("_rng"))
+            if rng is not None:
+                self.set_rng(rng)
+        with self._futures_lock:  # once the components hold the state the batches were drawn from
+            self._prefetch_queue.extend(prefetched)
+
+    def __getstate__(self):
+        prefetched = None
+        if not is_spawning():  # a process being started (DataLoader workers) never gets the parent's batches
+            with self._futures_lock:
+                prefetched = _prefetch.capture(self._prefetch_queue, self._prefetch)
+        state = self.__dict__.copy()
+        for name in ("_replay_lock", "_futures_lock", "_prefetch_queue", "_prefetch_executor", "_last_draw_turn"):
+            state.pop(name, None)
+        state["_rng"] = generator_to_state(self._rng, as_bytes=True)
+        if prefetched is not None:
+            state["_prefetch_state"] = prefetched
+        return state
+
+    def __setstate__(self, state):
+        rng = generator_from_state(state.pop("_rng", None))
+        prefetched = state.pop("_prefetch_state", None)
+        self.__dict__.update(state)
+        self._make_runtime_state()
+        self._prefetch_queue.extend(_prefetch.restore(prefetched, self._prefetch))
+        self._storage.attach(self)
+        self._writer.register_storage(self._storage)
+        self.set_rng(rng)
+
+    # -- persistence: dumps/loads -------------------------------------------------------------------------------
+    def dumps(self, path, **kwargs) -> None:
+        """Saves the buffer (storage, writer, sampler, transforms, generator) to the directory ``path``.
+
+        The format is memory-mapped tensor files plus JSON metadata, without pickle, written atomically (a
+        crash leaves the previous checkpoint at ``path``); see :mod:`torchrl.data.replay_buffers.checkpointers`.
+        Keyword arguments (``fsync=True``, ``progress=None``) go to
+        :func:`~torchrl.data.replay_buffers.checkpointers.dump_component`.
+
+        Examples:
+            >>> import tempfile, torch
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=2)
+            >>> _ = rb.extend(torch.arange(4))
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     rb.dumps(d + "/ckpt")
+            ...     fresh = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=2)
+            ...     fresh.loads(d + "/ckpt")
+            >>> fresh[:]
+            tensor([0, 1, 2, 3])
+        """
+        with self._futures_lock:
+            _prefetch.wait(self._prefetch_queue)  # before the replay lock, which prefetch tasks take
+            with self._replay_lock:
+                dump_component(self, path, **kwargs)
+
+    def loads(self, path) -> None:
+        """Loads a buffer saved by :meth:`dumps` into this one (built with the same configuration)."""
+        with self._futures_lock, self._replay_lock, self._storage.write_lock:
+            self._prefetch_queue.clear()
+            load_component(self, path)
+
+    dump = dumps
+    save = dumps
+    load = loads
+
+    # -- checkpoint part (the protocol of _checkpoint/parts.py) -------------------------------------------------
+    # The part: {"class": ..., "batch_size": int | null, "rng": null | {"device": str, "state": "<prefix>rng/state"},
+    # "parts": {"storage": <wrapped part>, "sampler": ..., "writer": ..., "transforms": ...}, "prefetch": ... (when
+    # batches were sampled ahead; see _prefetch.py)}. The storage's tensors sit under the buffer's own prefix
+    # (``storage/...``), the other children's under ``sampler/``, ``writer/`` and ``transforms/``. Every part is
+    # checked, storage first, before any is loaded; the small parts (sampler, writer, transforms) are loaded
+    # before the storage and put back if a later load raises.
+    checkpoint_role = "replay buffer"
+
+    def _checkpoint_children(self) -> dict[str, Any]:
+        return {"storage": self._storage, "sampler": self._sampler, "writer": self._writer, "transforms": self._transform}
+
+    def checkpoint_part(self, ctx: PartContext) -> tuple[dict, dict]:
+        with self._futures_lock:  # the prefetched batches, as in TorchRL (JSON + tensors, see _prefetch.py)
+            prefetch_tensors, prefetch = _prefetch.to_part(_prefetch.capture(self._prefetch_queue, self._prefetch), ctx)
+        children = self._checkpoint_children()
+        tensors, parts = {}, {}
+        for role in _CHECKPOINT_ROLES:
+            child_tensors, parts[role] = dump_part(children[role], _child_ctx(ctx, role))
+            tensors.update(child_tensors)
+        rng = generator_to_state(self._rng)
+        if rng is not None:
+            tensors[ctx.name("rng/state")] = rng["state"]
+            rng = {"device": rng["device"], "state": ctx.name("rng/state")}
+        doc = {"class": qualname(self), "batch_size": self._batch_size, "rng": rng, "parts": parts}
+        if prefetch is not None:
+            tensors.update(prefetch_tensors)
+            doc["prefetch"] = prefetch
+        return tensors, doc
+
+    def check_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
+        check_class(self, doc, "replay buffer")
+        if set(doc["parts"]) != set(_CHECKPOINT_ROLES):
+            raise ValueError(
+                f"The checkpoint's buffer parts are {sorted(doc['parts'])}, expected {list(_CHECKPOINT_ROLES)}."
+            )
+        children = self._checkpoint_children()
+        for role in _CHECKPOINT_ROLES:
+            check_part(children[role], doc["parts"][role], tensors, _child_ctx(ctx, role))
+        where = f"The {type(self).__name__} description in the checkpoint {ctx.path!r}"
+        if doc["batch_size"] is not None:
+            check_int_field(doc["batch_size"], "batch_size", where, 1, fix="It is a positive JSON integer, or null.")
+        _saved_generator(doc, tensors, where)
+        _prefetch.check_part(doc.get("prefetch"), tensors, self._prefetch, ctx.path)
+
+    def load_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
+        children = self._checkpoint_children()
+        before = {role: copy.deepcopy(children[role].state_dict()) for role in _SMALL_CHILDREN}
+        try:
+            for role in (*_SMALL_CHILDREN, "storage"):
+                load_part(children[role], doc["parts"][role], tensors, _child_ctx(ctx, role))
+        except BaseException:
+            for role in _SMALL_CHILDREN:
+                children[role].load_state_dict(before[role])
+            raise
+        self._batch_size = doc["batch_size"]
+        rng = _saved_generator(doc, tensors, ctx.path)
+        if rng is not None:
+            self.set_rng(rng)
+        prefetched = _prefetch.from_part(doc.get("prefetch"), tensors)
+        self._prefetch_queue.extend(_prefetch.restore(prefetched, self._prefetch))
+
+    # -- TorchRL's service API, in this process (service_backend="direct") --------------------------------------
+    # Code written for a buffer hosted by a service (a RayReplayBuffer) runs unchanged on a direct buffer. The
+    # metaclass (_service_backend.py) reads the service keywords of the constructor.
+    @property
+    def service_backend(self) -> str:
+        """``"direct"``: the buffer lives in this process (``"ray"`` on a :class:`~torchrl.data.RayReplayBuffer`)."""
+        return "direct"
+
+    @property
+    def is_alive(self) -> bool:
+        """``True``: a buffer in this process is always alive."""
+        return True
+
+    def start(self):
+        """Returns the buffer (there is nothing to start in this process)."""
+        return self
+
+    def client(self):
+        """Returns the buffer: in this process, the buffer is its own client."""
+        return self
+
+    # -- DataLoader adapters: as_dataset and the hooks ReplayBufferDataset calls --------------------------------
+    def as_dataset(
+        self,
+        *,
+        num_batches: int | None = None,
+        transport: str = "ring",
+        share_sampler: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> ReplayBufferDataset:
+        """An iterable :class:`torch.utils.data.IterableDataset` of sampled batches, for DataLoader workers.
+
+        Read it with ``rb.as_dataset(...).loader(num_workers=...)``
+        (:meth:`ReplayBufferDataset.loader <torchrl.data.ReplayBufferDataset.loader>`), which builds
+        ``DataLoader(dataset, batch_size=None, collate_fn=tensordict_collate, num_workers=...)``: each item
+        already is a batch, so a DataLoader built by hand needs ``batch_size=None`` and
+        ``collate_fn=tensordict_collate`` too.
+
+        See :class:`~torchrl.data.ReplayBufferDataset` for ``num_batches``, ``transport`` (how worker
+        processes send batches back: ``"ring"``, ``"consolidated"`` or ``"torch"``), ``share_sampler``
+        (a stateful sampler's state moves to shared memory, see :ref:`stateful-samplers-in-workers`) and
+        ``rank``/``world_size`` (data-parallel ranks; read from :mod:`torch.distributed` when not given).
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+            >>> _ = rb.extend(torch.arange(10))
+            >>> dataset = rb.as_dataset(num_batches=2)
+            >>> len(dataset), [batch.shape for batch in dataset.loader(num_workers=0)]
+            (2, [torch.Size([4]), torch.Size([4])])
+        """
+        return ReplayBufferDataset(
+            self, num_batches=num_batches, transport=transport, share_sampler=share_sampler, rank=rank,
+            world_size=world_size,
+        )
+
+    def stateful_component(self) -> tuple[str, Any] | None:
+        """The first component whose state a copy of the buffer in another process would duplicate, if any.
+
+        ``("sampler", sampler)`` or ``("storage", storage)`` when that component declares
+        ``requires_shared_state = True`` (an epoch permutation, priorities, a stream position) and its state
+        is not in shared memory already (``can_share_state`` and ``is_shared``, see
+        :meth:`Sampler.share_memory_ <torchrl.data.replay_buffers.Sampler.share_memory_>`), else ``None``.
+        A dataset read by DataLoader workers holds one copy of the buffer per worker: it shares such a
+        component's state if it can, else refuses the buffer (:class:`~torchrl.data.ReplayBufferDataset`) or
+        warns about it.
+
+        Examples:
+            >>> from torchrl.data import ReplayBuffer, SamplerWithoutReplacement
+            >>> ReplayBuffer().stateful_component() is None
+            True
+            >>> ReplayBuffer(sampler=SamplerWithoutReplacement()).stateful_component()[0]
+            'sampler'
+        """
+        return unshared_stateful_component((("sampler", self._sampler), ("storage", self._storage)))
+
+    def pin_epoch(self, key: int | None = None, readers: int = 1) -> None:
+        """Pins the sampler's draws in this process to its epoch in progress (samplers without replacement):
+        once that epoch ended, in this process or another one sharing the sampler, :meth:`sample` raises
+        :class:`~torchrl.data.EpochEnded` until :meth:`unpin_epoch`. A no-op for
+        samplers that never run out. :class:`~torchrl.data.ReplayBufferDataset` pins each DataLoader iteration
+        with ``num_batches=None``; see :meth:`Sampler.pin_epoch <torchrl.data.replay_buffers.Sampler.pin_epoch>`
+        for ``key`` and ``readers``.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer, SamplerWithoutReplacement
+            >>> from torchrl.data import EpochEnded
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(8), sampler=SamplerWithoutReplacement(), batch_size=4)
+            >>> _ = rb.extend(torch.arange(8))
+            >>> rb.pin_epoch()
+            >>> epoch = [rb.sample(), rb.sample()]
+            >>> try:
+            ...     rb.sample()
+            ... except EpochEnded:
+            ...     print("one epoch:", sorted(torch.cat(epoch).tolist()))
+            one epoch: [0, 1, 2, 3, 4, 5, 6, 7]
+            >>> rb.unpin_epoch()
+        """
+        self._sampler.pin_epoch(key, readers)
+
+    def unpin_epoch(self) -> None:
+        """Ends :meth:`pin_epoch`."""
+        self._sampler.unpin_epoch()
+
+    def prepare_worker_copy(self, seed: int) -> None:
+        """Readies this object, a copy of the buffer held by a DataLoader worker, to sample in that worker.
+
+        Turns prefetching off, gives the copy fresh locks and an empty prefetch queue, and reseeds its
+        ``torch.Generator`` (if it was built with one) from ``seed``. Call it once per worker, before the first
+        sample, with ``torch.utils.data.get_worker_info().seed``: workers then draw distinct streams, epochs
+        differ, and a DataLoader with a fixed ``generator`` reproduces them. Never call it on the buffer the
+        main process uses.
+
+        Args:
+            seed (int): the worker's seed (reduced modulo ``2**63``).
+
+        Examples:
+            >>> import pickle, torch
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=4, generator=torch.Generator())
+            >>> _ = rb.extend(torch.arange(10))
+            >>> copy = pickle.loads(pickle.dumps(rb))  # what a DataLoader worker holds
+            >>> copy.prepare_worker_copy(seed=7)
+            >>> first = copy.sample()
+            >>> copy.prepare_worker_copy(seed=7)
+            >>> torch.equal(first, copy.sample())
+            True
+        """
+        self._prefetch = 0
+        self._make_runtime_state()
+        if self._rng is not None:
+            self._rng.manual_seed(int(seed) % (2**63))
+
+    # -- Hugging Face datasets (the logic is in hf/) ------------------------------------------------------------
+    def export_hf(self, path=None, **kwargs):
+        """Writes the stored items as a Hugging Face dataset (``save_to_disk`` format) and returns it.
+
+        Each tensor entry becomes a column: nested keys are joined by ``"."`` (``("next", "reward")`` ->
+        ``"next.reward"``), scalars are ``Value`` columns, 1-D items fixed-length ``List`` columns, 2- to 5-D
+        items ``Array2D`` ... ``Array5D`` columns (other shapes are stored flat and reshaped on import), items of
+        a :class:`~torchrl.data.ListStorage` that differ in shape a variable-length ``List`` plus a
+        ``<column>__shape`` column. ``torchrl_export.json`` records the key, dtype and shape behind every column,
+        so that :meth:`from_hf` gives back the stored items bit for bit. Rows are read and written in chunks
+        (bounded memory); the directory is written aside and switched into place atomically, so an error or a
+        crash leaves the previous export at ``path`` (or nothing), never a partial one. Transforms are not
+        applied: the export holds what the storage holds.
+
+        Args:
+            path (str or path-like, optional): the directory to write: a new path (missing parents are
+                created), an empty directory or an earlier export (replaced). ``None`` writes into a new
+                temporary directory, removed when the process exits. Defaults to ``None``.
+
+        Keyword Args:
+            layout (str): ``"flat"`` (rows in storage order), ``"trajectories"`` (rows in the order they were
+                written, plus ``episode_index`` and ``frame_index`` columns) or ``"lerobot"`` (the trajectories,
+                with LeRobot's column names: see :ref:`exchanging-datasets`). Defaults to ``"flat"``.
+            exclude_keys (sequence of keys): entries to leave out (e.g. non-tensor data). Defaults to ``()``.
+            traj_key (key, optional): the trajectory-id entry of the trajectory layouts. Defaults to ``None``
+                (``"episode"`` or ``("collector", "traj_ids")`` when stored).
+            end_key (key, optional): the end-of-trajectory flag of the trajectory layouts. Defaults to ``None``
+                (``("next", "done")`` or ``("next", "truncated")`` when stored).
+            fps (float): frames per second, for the ``timestamp`` column of the ``"lerobot"`` layout
+                (``frame_index / fps``). Defaults to ``1.0``.
+            chunk_bytes (int): about how many bytes of rows to read and convert at once. Defaults to 64 MiB.
+            shard_bytes (int): about how many bytes per Arrow file. Defaults to 500 MiB (as ``save_to_disk``).
+            fsync (bool): flush files and directories to the disk before the switch. Defaults to ``True``.
+
+        Returns:
+            datasets.Dataset: the export, read back (memory-mapped) from ``path``.
+
+        .. note:: Export while nothing writes to the buffer: the rows are read in several chunks, and a write
+            between two chunks would mix old and new rows in the export.
+
+        Raises:
+            TypeError: an entry's dtype has no Arrow type (``bfloat16``, complex) or holds non-tensor data.
+            ValueError: a bad argument, an empty storage, or a trajectory layout without trajectory metadata.
+            FileExistsError: ``path`` is a file, or a non-empty directory that is not an export.
+
+        Examples:
+            >>> import tempfile, torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
+            >>> _ = rb.extend(TensorDict(obs=torch.randn(10, 4), next=TensorDict(reward=torch.ones(10, 1),
+            ...                          batch_size=[10]), batch_size=[10]))
+            >>> ds = rb.export_hf(tempfile.mkdtemp() + "/export")
+            >>> sorted(ds.column_names), ds.num_rows
+            (['next.reward', 'obs'], 10)
+        """
+        return _hf_export.export_hf(self, path, **kwargs)
+
+    def extend_from_hf(self, source, **kwargs) -> int:
+        """Extends the buffer with the rows of a Hugging Face dataset, in chunks; returns how many were written.
+
+        See :meth:`from_hf` for the arguments. The rows go through :meth:`extend` (the writer, the inverse
+        transforms, the sampler), so a ring buffer smaller than the dataset keeps its newest rows.
+
+        Examples:
+            >>> import tempfile, torch
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
+            >>> _ = rb.extend(torch.arange(4))
+            >>> path = tempfile.mkdtemp() + "/export"
+            >>> _ = rb.export_hf(path)
+            >>> rb.extend_from_hf(path), rb[:]
+            (4, tensor([0, 1, 2, 3, 0, 1, 2, 3]))
+        """
+        return _hf_import.extend_from_hf(self, source, **kwargs)
+
+    @classmethod
+    def from_hf(cls, source, **kwargs):
+        """A new buffer holding the rows of a Hugging Face dataset (an export of :meth:`export_hf`, or any
+        dataset of numeric columns).
+
+        An export of this library comes back bit for bit: the same keys, dtypes and item shapes (the columns
+        the export derived, ``episode_index`` and ``frame_index``, are skipped unless named in ``columns``).
+        Any other dataset is read column by column: ``"a.b"`` becomes the key ``("a", "b")``; numbers and bools
+        become tensors, fixed-length lists and ``ArrayND`` columns tensors of their shape; string or image
+        columns raise (leave them out with ``columns``).
+
+        Args:
+            source (str, path-like or datasets.Dataset): a directory written by :meth:`export_hf` or
+                ``save_to_disk``, or a ``datasets.Dataset`` (one split of a ``DatasetDict``).
+
+        Keyword Args:
+            storage (Storage, optional): where to put the rows; it must hold at least ``len(source)`` items.
+                Defaults to ``None``: a :class:`~torchrl.data.LazyTensorStorage` of ``len(source)`` items, or a
+                :class:`~torchrl.data.ListStorage` when items differ in shape or were exported from one.
+            columns (list of str or mapping, optional): the columns to import, or a mapping column -> key to
+                rename them (a str key is split on ``"."``, a tuple is taken as is). Defaults to ``None`` (every
+                column).
+            ignore_metadata (bool): read an export as a plain dataset (column types as Arrow has them).
+                Defaults to ``False``.
+            chunk_bytes (int): about how many bytes of rows to convert at once. Defaults to 64 MiB.
+            **kwargs: the other arguments of the buffer class (``sampler``, ``batch_size``, ...).
+
+        Raises:
+            FileNotFoundError: ``source`` is not a directory, or an export lacks its metadata file.
+            ValueError: unknown columns, a storage too small, or a dataset that does not match its metadata.
+            TypeError: a column that does not make a tensor (strings, images, nulls).
+
+        Examples:
+            >>> import tempfile, torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
+            >>> data = TensorDict(obs=torch.randn(10, 2, 3), done=torch.rand(10, 1) > 0.5, batch_size=[10])
+            >>> _ = rb.extend(data)
+            >>> path = tempfile.mkdtemp() + "/export"
+            >>> _ = rb.export_hf(path)
+            >>> copy = ReplayBuffer.from_hf(path, storage=LazyMemmapStorage(10), batch_size=4)
+            >>> (copy[:] == data).all()
+            True
+        """
+        return _hf_import.buffer_from_hf(cls, source, **kwargs)
+
 
 def _move_dim_to_front(data, dim: int):
     shape = _batch_shape(data)
@@ -551,3 +1272,33 @@ def _batch_shape(data) -> torch.Size | None:
 
     shapes = [leaf.shape for leaf in pytree.tree_leaves(data) if isinstance(leaf, torch.Tensor)]
     return min(shapes, key=len) if shapes else None
+
+
+def _next_row(storage) -> int:
+    """The row after the last one written in ``storage`` (its fill level when it is not known), modulo its rows."""
+    capacity = storage._max_size_along_dim0()
+    last = getattr(storage, "last_written_row", None)
+    if isinstance(last, int) and last >= 0:
+        return (last + 1) % capacity
+    return len(storage) % capacity
+
+
+def _child_ctx(ctx: PartContext, role: str) -> PartContext:
+    """The part context of a buffer's child: the storage's tensors sit under the buffer's own prefix."""
+    return ctx if role == "storage" else ctx.sub(role)
+
+
+def _saved_generator(doc: dict, tensors: Mapping, where: str) -> torch.Generator | None:
+    """The generator saved in a buffer part (``None`` if none was); ``CheckpointError`` if it is malformed."""
+    rng = doc["rng"]
+    if rng is None:
+        return None
+    if not isinstance(rng, dict) or rng.get("state") not in tensors:
+        raise CheckpointError(
+            f"{where}: `rng` is {rng!r:.200}, expected null or {{'device': ..., 'state': <name of a tensor of "
+            f"the checkpoint>}}. Save the buffer again with `dumps`. Nothing was loaded."
+        )
+    try:
+        return generator_from_state({"device": rng.get("device"), "state": tensors[rng["state"]]})
+    except ValueError as err:
+        raise CheckpointError(f"{where}: `rng`: {err} Save the buffer again with `dumps`. Nothing was loaded.") from None

@@ -8,9 +8,9 @@ them (a buffer hosted elsewhere, a user's own buffer) can be read the same way:
 
 - ``sample()`` and ``batch_size``: what :meth:`ReplayBufferDataset.draw` calls by default;
 - ``storage``: moved to shared memory (if it can be) so that workers share its content;
-- ``stateful_component()``: the component whose state a worker copy would duplicate, if any; one that can put
-  that state in shared memory (``can_share_state``) is shared with ``share_memory_()`` when the dataset is
-  built (``share_sampler=True``);
+- ``stateful_component()``: the component whose state a worker copy would duplicate, if any (a buffer finds it
+  with :func:`unshared_stateful_component`); one that can put that state in shared memory (``can_share_state``)
+  is shared with ``share_memory_()`` when the dataset is built (``share_sampler=True``);
 - ``prepare_worker_copy(seed)``: readies the worker's copy of the buffer and reseeds it;
 - ``set_rng(generator)`` and ``len(storage)`` (resume, :meth:`ReplayBufferDataset.state_dict`): the dataset
   gives the worker's copy its own generator, and records the buffer length it was saved with;
@@ -24,17 +24,16 @@ them (a buffer hosted elsewhere, a user's own buffer) can be read the same way:
 from __future__ import annotations
 
 import contextlib
-import inspect
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from torchrl._validation import check_bool
 from torchrl.data.replay_buffers._checkpoint.parts import qualname
 from torchrl.data.replay_buffers._shared.counters import is_spawning
 from torchrl.data.replay_buffers.errors import EpochEnded
+from torchrl.data.replay_buffers.loading.collate import tensordict_collate
 from torchrl.data.replay_buffers.loading.ranks import (
     Reader,
     current_reader,
@@ -43,7 +42,7 @@ from torchrl.data.replay_buffers.loading.ranks import (
     resolve_rank,
 )
 from torchrl.data.replay_buffers.loading.resume_state import ReaderPosition, check_reader_state
-from torchrl.data.replay_buffers.loading.worker_threads import ForkThreadGuard
+from torchrl.data.replay_buffers.loading.worker_threads import WorkerThreadCheck
 from torchrl.data.replay_buffers.loading.worker_transport import (
     DEFAULT_TRANSPORT,
     check_transport,
@@ -70,6 +69,31 @@ def _check_num_batches(num_batches) -> int | None:
     ):
         raise ValueError(f"`num_batches` must be a positive int or None (endless), got {num_batches!r}.")
     return num_batches
+
+
+def unshared_stateful_component(components) -> tuple[str, Any] | None:
+    """The first ``(name, component)`` of ``components`` whose state a copy of the buffer in another process
+    would duplicate: one that declares ``requires_shared_state = True`` and whose state is not in shared memory
+    already (``can_share_state`` and ``is_shared``). ``None`` when there is none.
+
+    What :meth:`ReplayBuffer.stateful_component <torchrl.data.ReplayBuffer.stateful_component>` returns for
+    ``(("sampler", rb.sampler), ("storage", rb.storage))``.
+
+    Examples:
+        >>> from torchrl.data import LazyTensorStorage, RandomSampler, SamplerWithoutReplacement
+        >>> from torchrl.data.replay_buffers.replay_buffers.dataset import unshared_stateful_component
+        >>> storage = LazyTensorStorage(10)
+        >>> unshared_stateful_component([("sampler", RandomSampler()), ("storage", storage)]) is None
+        True
+        >>> unshared_stateful_component([("sampler", SamplerWithoutReplacement()), ("storage", storage)])[0]
+        'sampler'
+    """
+    for name, component in components:
+        if getattr(component, "requires_shared_state", False):
+            if getattr(component, "can_share_state", False) and component.is_shared:
+                continue  # one copy of the state for every process
+            return name, component
+    return None
 
 
 #: The samplers whose state can live in shared memory, named by the refusal.
@@ -111,43 +135,6 @@ def _share_stateful_components(replay_buffer) -> None:
         stateful = replay_buffer.stateful_component()
 
 
-def _loader_collates_items(max_depth: int = 4) -> bool:
-    """Whether the DataLoader iterating this dataset collates several of its items into one (``batch_size`` not
-    ``None``), read from the fetcher that calls ``iter(dataset)``.
-
-    NOTE [batched batches]: an iterable dataset is not told the DataLoader's ``batch_size``. torch (and
-    torchdata's ``StatefulDataLoader``, which reuses it) calls ``iter(dataset)`` from the ``__init__`` of its
-    ``_IterableDatasetFetcher``, in the main process (``num_workers=0``) and in each worker, after that fetcher
-    has recorded ``auto_collation`` (``batch_size is not None``). We look for that frame a few levels up; if a
-    later torch calls ``iter`` elsewhere, nothing is found and the warning is simply not given.
-    """
-    here = inspect.currentframe()
-    frame = None if here is None or here.f_back is None else here.f_back.f_back
-    for _ in range(max_depth):
-        if frame is None:
-            return False
-        owner = frame.f_locals.get("self") if frame.f_code.co_name == "__init__" else None
-        if owner is not None and type(owner).__name__ == "_IterableDatasetFetcher":
-            return bool(getattr(owner, "auto_collation", False))
-        frame = frame.f_back
-    return False
-
-
-def _warn_batched_batches(dataset) -> None:
-    """Warns once per dataset when a DataLoader with a ``batch_size`` stacks its batches (``[1, B]``, ...)."""
-    if getattr(dataset, "_warned_batched", False) or not _loader_collates_items():
-        return
-    dataset._warned_batched = True
-    warnings.warn(
-        f"{type(dataset).__name__} yields whole batches (one rb.sample() each) but the DataLoader was built "
-        f"with a batch_size (torch's default is 1), so it stacks them: each batch comes out as "
-        f"[loader batch_size, buffer batch_size] (e.g. [1, B]). Pass DataLoader(..., batch_size=None, "
-        f"collate_fn=tensordict_collate) to get the buffer's batches as they are.",
-        UserWarning,
-        stacklevel=3,
-    )
-
-
 def _check_share_sampler(share_sampler) -> bool:
     return check_bool(
         "share_sampler", share_sampler,
@@ -155,20 +142,20 @@ def _check_share_sampler(share_sampler) -> bool:
     )
 
 
-class ReplayBufferDataset(ForkThreadGuard, IterableDataset):
+class ReplayBufferDataset(IterableDataset):
     """An :class:`~torch.utils.data.IterableDataset` whose items are batches sampled from a replay buffer.
 
     Each item is ``rb.sample()``: the sampler, the collate function and the transforms run where the dataset
-    is iterated, i.e. in the DataLoader workers. Use it with ``batch_size=None`` (the items already are
-    batches) and ``collate_fn=tensordict_collate``::
+    is iterated, i.e. in the DataLoader workers. Read it with :meth:`loader`, which builds the DataLoader that
+    yields these batches as they are::
 
-        DataLoader(rb.as_dataset(num_batches=1000), batch_size=None, num_workers=2,
-                   collate_fn=tensordict_collate)
+        loader = rb.as_dataset(num_batches=1000).loader(num_workers=2)
 
-    Without that ``collate_fn``, torch passes each TensorDict batch to ``default_convert``, which fails. With a
-    loader ``batch_size`` (torch's default is 1) the loader stacks the batches into ``[batch_size, B]``: the
-    dataset then warns once per process that iterates it (see NOTE [batched batches]), unless a subclass
-    overrides :meth:`items` (its items may be single items that the loader is meant to batch).
+    which is ``DataLoader(dataset, batch_size=None, collate_fn=tensordict_collate, num_workers=2)``. Build a
+    DataLoader yourself with these two arguments: ``batch_size=None`` because the items already are batches (a
+    loader ``batch_size``, torch's default of 1 included, stacks them into ``[batch_size, B]``), and
+    ``collate_fn=tensordict_collate`` because torch's default passes each TensorDict batch to
+    ``default_convert``, which fails.
 
     Workers: each worker holds a copy of the buffer object over the same storage content. At its first
     iteration in a worker, the dataset calls ``replay_buffer.prepare_worker_copy(get_worker_info().seed)``
@@ -225,8 +212,10 @@ class ReplayBufferDataset(ForkThreadGuard, IterableDataset):
         >>> from torchrl.data import LazyTensorStorage, ReplayBuffer, tensordict_collate
         >>> rb = ReplayBuffer(storage=LazyTensorStorage(100), batch_size=8)
         >>> _ = rb.extend(torch.arange(100))
+        >>> [batch.shape for batch in rb.as_dataset(num_batches=3).loader()]
+        [torch.Size([8]), torch.Size([8]), torch.Size([8])]
         >>> loader = DataLoader(rb.as_dataset(num_batches=3), batch_size=None, collate_fn=tensordict_collate)
-        >>> [batch.shape for batch in loader]
+        >>> [batch.shape for batch in loader]  # the same DataLoader, built by hand
         [torch.Size([8]), torch.Size([8]), torch.Size([8])]
 
         A subclass that yields single items from batches of 4 (``draw`` and ``items`` are the hooks):
@@ -268,8 +257,7 @@ class ReplayBufferDataset(ForkThreadGuard, IterableDataset):
             )
         self.replay_buffer = replay_buffer
         self._seeded_worker: int | None = None
-        self._warned_batched = False
-        self._record_origin()
+        self._thread_check = WorkerThreadCheck()  # see NOTE [forked workers and OpenMP] in loading/worker_threads.py
         storage = replay_buffer.storage
         if hasattr(storage, "share_memory_"):  # a lazy storage then allocates in shared memory at its first write
             storage.share_memory_()
@@ -286,6 +274,65 @@ class ReplayBufferDataset(ForkThreadGuard, IterableDataset):
         """What one sampling call yields: the batch itself. Override it to split the batch into items, or to
         reshape what is yielded; each yielded object goes through the dataset's transport."""
         yield batch
+
+    # -- the DataLoader ----------------------------------------------------------------------------------------
+    def loader(self, **kwargs) -> DataLoader:
+        """A :class:`~torch.utils.data.DataLoader` that yields this dataset's batches as they are.
+
+        Returns ``DataLoader(self, batch_size=None, collate_fn=tensordict_collate, **kwargs)``: the items
+        already are batches, so the loader batches nothing (``batch_size=None``), and
+        :func:`~torchrl.data.tensordict_collate` returns each one unchanged (torch's default would pass a
+        TensorDict batch to ``default_convert``, which fails). An iterable dataset is not told the batch size of
+        the DataLoader that reads it, so a DataLoader built with a ``batch_size`` (torch's default is 1) silently
+        stacks the batches into ``[batch_size, B]``; this method is the way not to get that wrong.
+
+        This is for the default :meth:`items` (one batch per item). A subclass whose items are single items
+        (e.g. :class:`~torchrl.modules.llm.TorchRLBufferDataset`) is read by a DataLoader with a batch size of
+        its own: build that DataLoader directly.
+
+        Keyword Args:
+            **kwargs: the other arguments of :class:`~torch.utils.data.DataLoader`, passed as given:
+                ``num_workers``, ``multiprocessing_context``, ``worker_init_fn``, ``generator``,
+                ``persistent_workers``, ``prefetch_factor``, ``pin_memory``, ``timeout``, ... ``batch_size`` and
+                ``collate_fn`` are refused (``TypeError``): this method sets them.
+
+        Returns:
+            torch.utils.data.DataLoader: a new loader over this dataset.
+
+        Raises:
+            TypeError: ``batch_size`` or ``collate_fn`` in ``kwargs``; the message says how to get another
+                batch size or collate function.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(100), batch_size=8)
+            >>> _ = rb.extend(torch.arange(100))
+            >>> loader = rb.as_dataset(num_batches=2).loader(num_workers=0)
+            >>> [batch.shape for batch in loader]
+            [torch.Size([8]), torch.Size([8])]
+            >>> rb.as_dataset().loader(batch_size=4)
+            Traceback (most recent call last):
+              ...
+            TypeError: ReplayBufferDataset.loader() sets `batch_size`=None itself ...
+        """
+        if "batch_size" in kwargs:
+            raise TypeError(
+                f"{type(self).__name__}.loader() sets `batch_size`=None itself: each item of the dataset already is "
+                f"a batch of the buffer's batch size (rb.batch_size={getattr(self.replay_buffer, 'batch_size', None)}"
+                f"), and a loader batch size would stack several of them (got batch_size={kwargs['batch_size']!r}). "
+                f"Change the buffer's batch size instead (ReplayBuffer(..., batch_size=N)), or build "
+                f"torch.utils.data.DataLoader(dataset, batch_size=..., collate_fn=tensordict_collate) yourself to "
+                f"stack batches."
+            )
+        if "collate_fn" in kwargs:
+            raise TypeError(
+                f"{type(self).__name__}.loader() sets `collate_fn`=tensordict_collate itself, which returns each "
+                f"batch unchanged (got collate_fn={kwargs['collate_fn']!r}). Apply a per-batch function with a "
+                f"transform of the buffer (rb.append_transform(fn)), or build torch.utils.data.DataLoader(dataset, "
+                f"batch_size=None, collate_fn=...) yourself."
+            )
+        return DataLoader(self, batch_size=None, collate_fn=tensordict_collate, **kwargs)
 
     # -- iteration ---------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -310,10 +357,8 @@ class ReplayBufferDataset(ForkThreadGuard, IterableDataset):
         # The reader's position starts its iteration here, not at the first batch: a DataLoader worker calls
         # iter() when it (re)starts an iteration, and a persistent worker's state taken then (torchdata takes one at
         # each new iteration) must already be that of the new iteration. See NOTE [ Exact resume of a replay-buffer
-        # DataLoader ] in _loader_state.py.
-        self._check_worker_threads()
-        if type(self).items is ReplayBufferDataset.items:  # items are batches: see NOTE [batched batches]
-            _warn_batched_batches(self)
+        # DataLoader ] in loading/resume_state.py.
+        self._thread_check.check(self)
         self._prepare_worker_copy()
         self._position.begin_epoch(self.replay_buffer, current_reader(self.rank, self.world_size))
         return self._iterate(self._position)
@@ -346,7 +391,7 @@ class ReplayBufferDataset(ForkThreadGuard, IterableDataset):
 
         Worker ``w`` of ``N`` makes the batches numbered ``w + k * N`` of its rank's iteration (its ``k``-th draw),
         so the workers of a rank number ``0 .. T - 1`` between them, where ``T`` is the rank's share of
-        ``num_batches`` (``len(range(rank, num_batches, world_size))``, the split of ``_ranks.py``), or one epoch
+        ``num_batches`` (``len(range(rank, num_batches, world_size))``, the split of ``loading/ranks.py``), or one epoch
         with ``num_batches=None``. The key mixes torch's base seed of the iteration (``seed - id``, the same for
         its workers, and restored by ``StatefulDataLoader`` on resume) with the reader's ``iteration`` count
         (persistent workers keep their seed across iterations). Ranks number apart: each rank's buffer holds its

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from torchrl._validation import check_members, member_at
+from torchrl._validation import check_member_states, check_members, member_at
 from torchrl.data.replay_buffers._checkpoint.generator_state import generator_from_state, generator_to_state
 from torchrl.data.replay_buffers._checkpoint.parts import (
     PartContext,
@@ -40,6 +40,7 @@ from torchrl.data.replay_buffers._checkpoint.parts import (
 )
 from torchrl.data.replay_buffers.loading.collate import stack_samples
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
+from torchrl.data.replay_buffers.replay_buffers.tensordict import set_entries
 from torchrl.data.replay_buffers.samplers.ensemble import SamplerEnsemble
 from torchrl.data.replay_buffers.storages.ensemble import StorageEnsemble, _member_index
 from torchrl.data.replay_buffers.writers.ensemble import WriterEnsemble
@@ -202,7 +203,7 @@ class ReplayBufferEnsemble(ReplayBuffer):
                     ),
                     **info["member_info"][row],
                 }
-                data = _with_entries(data, entries)
+                data = set_entries(data, entries, _entry_value)
             chunks.append(data)
         data = self._collate_fn(chunks)
         if transform and len(self._transform):
@@ -223,13 +224,7 @@ class ReplayBufferEnsemble(ReplayBuffer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         buffers = state_dict.get("_buffers")
-        keys = {str(i) for i in range(len(self._rbs))}
-        if not isinstance(buffers, dict) or set(buffers) != keys:
-            found = sorted(buffers) if isinstance(buffers, dict) else buffers
-            raise ValueError(
-                f"The ReplayBufferEnsemble state_dict has buffer entries {found}; this ensemble has buffers "
-                f"{sorted(keys)}. Load a state saved from an ensemble of the same members."
-            )
+        check_member_states("ReplayBufferEnsemble", buffers, len(self._rbs))
         with self._replay_lock:
             for i, rb in enumerate(self._rbs):
                 rb.load_state_dict(buffers[str(i)])
@@ -253,18 +248,9 @@ class ReplayBufferEnsemble(ReplayBuffer):
         load_state_part(self, doc, tensors, ctx)
 
 
-def _with_entries(data: TensorDictBase, entries: dict) -> TensorDictBase:
-    """Writes per-item entries (``buffer_ids``, ``index``, member info) into a sub-batch."""
-    locked = data.is_locked
-    if locked:
-        data.unlock_()
-    for key, value in entries.items():
-        if value is None:
-            continue
-        data.set(key, value if isinstance(value, TensorDictBase) else _as_entry(value, data))
-    if locked:
-        data.lock_()
-    return data
+def _entry_value(value, like: TensorDictBase):
+    """A per-item entry of a sub-batch (``buffer_ids``, ``index``, member info): TensorDicts as they are."""
+    return value if isinstance(value, TensorDictBase) else _as_entry(value, like)
 
 
 def _as_entry(value, like: TensorDictBase) -> torch.Tensor:

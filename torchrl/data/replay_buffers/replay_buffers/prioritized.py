@@ -12,25 +12,36 @@ from torchrl.data.replay_buffers.samplers.prioritized import PrioritizedSampler
 from torchrl.data.replay_buffers.storages import ListStorage, Storage
 
 
-def _storage_or_default(storage) -> Storage:
+def _prioritized_parts(
+    buffer: str, base: str, storage, kwargs: dict, *, sampler_device, sync, **sampler_kwargs
+) -> tuple[Storage, PrioritizedSampler]:
+    """The storage (``ListStorage(1000)`` when ``None``) and the :class:`PrioritizedSampler` of a prioritized
+    buffer class named ``buffer``, built over it with ``sampler_kwargs`` (``alpha``, ``beta``, ...).
+
+    Checks first TorchRL's ``sampler_device`` and ``sync`` (the priority trees live in shareable CPU memory,
+    either way), that ``kwargs`` (the buffer's other arguments) holds no ``sampler`` (the buffer builds its own:
+    ``base`` names the class that takes one), and that ``storage`` is a Storage, whose ``max_size`` sizes the
+    trees.
+    """
+    if sampler_device is not None and torch.device(sampler_device).type != "cpu":
+        raise NotImplementedError(
+            f"{buffer}(sampler_device={sampler_device!r}) is not supported: the priority trees live on the CPU. "
+            f"Pass sampler_device=None (or 'cpu'); sampled indices can be moved afterwards."
+        )
+    check_bool("sync", sync)  # both accepted: the sampler's state is shareable either way
+    if "sampler" in kwargs:
+        raise TypeError(
+            f"{buffer} builds its own PrioritizedSampler: pass {'/'.join(sampler_kwargs)}, or use "
+            f"{base}(sampler=...) for another sampler."
+        )
     if storage is None:
-        return ListStorage(1000)
-    if not isinstance(storage, Storage):
+        storage = ListStorage(1000)
+    elif not isinstance(storage, Storage):
         raise TypeError(
             f"`storage` must be a Storage instance (e.g. LazyTensorStorage(capacity)), got "
             f"{type(storage).__name__}. Its `max_size` sizes the priority trees."
         )
-    return storage
-
-
-def _check_sampler_keywords(cls: str, sampler_device, sync) -> None:
-    """TorchRL's ``sampler_device`` and ``sync``: our priority trees live in (shareable) CPU memory."""
-    if sampler_device is not None and torch.device(sampler_device).type != "cpu":
-        raise NotImplementedError(
-            f"{cls}(sampler_device={sampler_device!r}) is not supported: the priority trees live on the CPU. "
-            f"Pass sampler_device=None (or 'cpu'); sampled indices can be moved afterwards."
-        )
-    check_bool("sync", sync)  # both accepted: the sampler's state is shareable either way
+    return storage, PrioritizedSampler(storage.max_size, **sampler_kwargs)
 
 
 class PrioritizedReplayBuffer(ReplayBuffer):
@@ -66,14 +77,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def __init__(self, *, alpha: float, beta: float, eps: float = 1e-8, dtype: torch.dtype = torch.float,
                  storage: Storage | None = None, sampler_device=None, sync: bool = True, **kwargs) -> None:
-        _check_sampler_keywords(type(self).__name__, sampler_device, sync)
-        if "sampler" in kwargs:
-            raise TypeError(
-                "PrioritizedReplayBuffer builds its own PrioritizedSampler: pass alpha/beta/eps/dtype, or use "
-                "ReplayBuffer(sampler=...) for another sampler."
-            )
-        storage = _storage_or_default(storage)
-        sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps=eps, dtype=dtype)
+        storage, sampler = _prioritized_parts(
+            type(self).__name__, "ReplayBuffer", storage, kwargs, sampler_device=sampler_device, sync=sync,
+            alpha=alpha, beta=beta, eps=eps, dtype=dtype,
+        )  # fmt: skip
         super().__init__(storage=storage, sampler=sampler, **kwargs)
 
 
@@ -114,12 +121,8 @@ class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
     def __init__(self, *, alpha: float, beta: float, priority_key="td_error", eps: float = 1e-8,
                  reduction: str = "max", dtype: torch.dtype = torch.float, storage: Storage | None = None,
                  sampler_device=None, sync: bool = True, **kwargs) -> None:
-        _check_sampler_keywords(type(self).__name__, sampler_device, sync)
-        if "sampler" in kwargs:
-            raise TypeError(
-                "TensorDictPrioritizedReplayBuffer builds its own PrioritizedSampler: pass alpha/beta/eps/"
-                "reduction, or use TensorDictReplayBuffer(sampler=...) for another sampler."
-            )
-        storage = _storage_or_default(storage)
-        sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps=eps, dtype=dtype, reduction=reduction)
+        storage, sampler = _prioritized_parts(
+            type(self).__name__, "TensorDictReplayBuffer", storage, kwargs, sampler_device=sampler_device,
+            sync=sync, alpha=alpha, beta=beta, eps=eps, dtype=dtype, reduction=reduction,
+        )  # fmt: skip
         super().__init__(priority_key=priority_key, storage=storage, sampler=sampler, **kwargs)

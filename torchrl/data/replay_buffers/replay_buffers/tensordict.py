@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import numpy as np
 import torch
 from tensordict import TensorDictBase
@@ -13,6 +15,26 @@ from torchrl.data.replay_buffers.samplers.prioritized import (
     reduce_priority,
 )
 from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter, Writer
+
+
+def set_entries(data: TensorDictBase, entries: Mapping, convert: Callable) -> TensorDictBase:
+    """Writes each ``key: value`` of ``entries`` (``None`` values skipped) into ``data`` as
+    ``convert(value, data)``, even when ``data`` is locked (it is locked again afterwards); returns ``data``.
+
+    How sampled batches get the sampler's info (``"index"``, ``"priority_weight"``, ...): here with
+    :func:`_info_value`, and in :class:`~torchrl.data.ReplayBufferEnsemble`'s sub-batches.
+    """
+    locked = data.is_locked
+    if locked:
+        data.unlock_()
+    try:
+        for key, value in entries.items():
+            if value is not None:
+                data.set(key, convert(value, data))
+    finally:
+        if locked:
+            data.lock_()
+    return data
 
 
 def _info_value(value, like: TensorDictBase):
@@ -155,13 +177,5 @@ class TensorDictReplayBuffer(ReplayBuffer):
     def _sample(self, batch_size: int, transform: bool = True):
         data, info = super()._sample(batch_size, transform)
         if isinstance(data, TensorDictBase):
-            locked = data.is_locked
-            if locked:
-                data.unlock_()
-            for key, value in info.items():
-                if value is None:
-                    continue
-                data.set(key, _info_value(value, data))
-            if locked:
-                data.lock_()
+            set_entries(data, info, _info_value)
         return data, info

@@ -7,11 +7,12 @@ from torchrl.data.replay_buffers.samplers.ensemble import SamplerEnsemble
 from torchrl.data.replay_buffers.samplers.prioritized import PrioritizedSampler
 from torchrl.data.replay_buffers.samplers.prioritized_slice import PrioritizedSliceSampler
 from torchrl.data.replay_buffers.samplers.prompt_group import PromptGroupSampler
-from torchrl.data.replay_buffers.samplers.random import RandomSampler, SamplerWithoutReplacement
+from torchrl.data.replay_buffers.samplers.random import RandomSampler
 from torchrl.data.replay_buffers.samplers.slice import SliceSampler
 from torchrl.data.replay_buffers.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
 from torchrl.data.replay_buffers.samplers.staleness import StalenessAwareSampler
 from torchrl.data.replay_buffers.samplers.streaming_slice import StreamingSliceSampler
+from torchrl.data.replay_buffers.samplers.without_replacement import SamplerWithoutReplacement
 
 __all__ = [
     "Sampler",

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import abc
 import inspect
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -36,7 +36,7 @@ from torchrl.data.replay_buffers.component import Component
 _INT64_MAX = torch.iinfo(torch.int64).max
 
 #: Sampler class with replacement -> the class that samples the same way without replacement. Filled next to
-#: the classes (``random.py``, ``slice_without_replacement.py``) with :func:`register_without_replacement`.
+#: the classes (``without_replacement.py``, ``slice_without_replacement.py``) with :func:`register_without_replacement`.
 #: The values, and their subclasses, are the classes that sample without replacement.
 _REPLACEMENT_DISPATCH: dict[type, type] = {}
 
@@ -174,15 +174,27 @@ class Sampler(Component, metaclass=_SamplerMeta):
     _rng: torch.Generator | None = None
     _remaining_batches: int = _INT64_MAX
     _ran_out: bool = False
+    #: The attributes holding values derived from the storage content (caches of trajectory boundaries,
+    #: weights, groups): the write notifications (:meth:`add`, :meth:`extend`, :meth:`mark_update`) and
+    #: :meth:`_empty` set them to ``None``, and a pickled sampler carries them as ``None`` (its copy derives them
+    #: again from the storage it reads). A subclass that overrides one of these methods calls ``super()``'s.
+    _derived_state: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def sample(self, storage, batch_size: int) -> tuple[Any, dict]: ...
 
+    def _forget_derived(self) -> None:
+        """Sets every attribute of :attr:`_derived_state` to ``None``."""
+        for name in self._derived_state:
+            setattr(self, name, None)
+
     def add(self, index) -> None:
         """Called after one item was written at ``index``."""
+        self._forget_derived()
 
     def extend(self, index) -> None:
         """Called after a batch was written at ``index``."""
+        self._forget_derived()
 
     def update_priority(self, index, priority, *, storage=None) -> None:
         """Sets priorities; only prioritized samplers use them."""
@@ -197,6 +209,7 @@ class Sampler(Component, metaclass=_SamplerMeta):
 
     def mark_update(self, index, *, storage=None) -> None:
         """Called by the writer (through the buffer) after ``index`` was written."""
+        self._forget_derived()
 
     @property
     def default_priority(self) -> float:
@@ -262,7 +275,13 @@ class Sampler(Component, metaclass=_SamplerMeta):
         return None
 
     def _empty(self) -> None:
-        return None
+        self._forget_derived()
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        for name in self._derived_state:
+            state[name] = None
+        return state
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -273,6 +292,14 @@ def check_batch_size(batch_size) -> int:
     return check_positive_int(
         "batch_size", batch_size, type_error=False, hint="Pass it to sample() or to the buffer."
     )
+
+
+def check_not_empty(storage) -> int:
+    """``len(storage)``; a ``RuntimeError`` that says to write data first when it is ``0``."""
+    n = len(storage)
+    if n == 0:
+        raise RuntimeError("Cannot sample from an empty storage: add data first (rb.add / rb.extend).")
+    return n
 
 
 def unravel(flat: torch.Tensor, storage):

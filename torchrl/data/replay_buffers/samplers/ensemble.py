@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from torchrl._validation import check_bool, check_members, check_positive_int, member_at
+from torchrl._validation import check_bool, check_member_states, check_members, check_positive_int, member_at
 from torchrl.data.replay_buffers.loading.collate import stack_samples
 from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size
 from torchrl.data.replay_buffers.storages.ensemble import StorageEnsemble, _flat_member_index
@@ -287,12 +287,7 @@ class SamplerEnsemble(Sampler):
         return {str(i): s.state_dict() for i, s in enumerate(self._samplers)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        keys = {str(i) for i in range(len(self._samplers))}
-        if set(state_dict) != keys:
-            raise ValueError(
-                f"The SamplerEnsemble state_dict has entries {sorted(state_dict)}; this ensemble has members "
-                f"{sorted(keys)}. Load a state saved from an ensemble of the same members."
-            )
+        check_member_states("SamplerEnsemble", state_dict, len(self._samplers))
         for i, sampler in enumerate(self._samplers):
             sampler.load_state_dict(state_dict[str(i)])
 

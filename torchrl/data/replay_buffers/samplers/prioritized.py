@@ -32,16 +32,17 @@ from torchrl.data.replay_buffers.samplers._priorities import (
     _check_exponent,
     _check_max_capacity,
     _check_reduction,
+    _ravel_coords,
     _scalar_property,
     check_priorities,
     reduce_priority,
 )
-from torchrl.data.replay_buffers.samplers._priority_index import PriorityArguments
 from torchrl.data.replay_buffers.samplers._stable_items import unstable_items_error
-from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, unravel
+from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, check_not_empty, unravel
 from torchrl.data.replay_buffers.samplers.segment_tree import (
     MinSegmentTree,
     SumSegmentTree,
+    _as_index_array,
     _as_value_array,
     _last_wins,
 )
@@ -54,7 +55,7 @@ _NUMPY_DTYPES = {torch.float64: np.float64, torch.float32: np.float32, torch.flo
 _ALPHA, _BETA, _EPS, _MAX_PRIORITY, _MAX_INDEX, _WRITTEN_END = range(6)
 
 
-class PrioritizedSampler(PriorityArguments, Sampler):
+class PrioritizedSampler(Sampler):
     """Samples items in proportion to their priority (Schaul et al., 2015, "Prioritized Experience Replay").
 
     Item ``i`` with priority ``p_i`` is drawn with probability ``(p_i + eps) ** alpha / sum_j (p_j + eps)
@@ -320,9 +321,7 @@ class PrioritizedSampler(PriorityArguments, Sampler):
         if not getattr(storage, "stable_items", True):
             raise unstable_items_error(self, storage)
         batch_size = check_batch_size(batch_size)
-        n = len(storage)
-        if n == 0:
-            raise RuntimeError("Cannot sample from an empty storage: add data first (rb.add / rb.extend).")
+        n = check_not_empty(storage)
         # A storage larger than the trees (as TorchRL accepts it): only its first max_capacity items have a
         # priority, and only they are drawn.
         n = min(n, self._max_capacity)
@@ -501,6 +500,95 @@ class PrioritizedSampler(PriorityArguments, Sampler):
             f"{type(self).__name__}(max_capacity={self._max_capacity}, alpha={self._alpha}, "
             f"beta={self._beta}, eps={self._eps}, reduction={self.reduction!r})"
         )
+
+    # -- the index and priority arguments of updates ------------------------------------------------------
+    # update_priority and mark_update accept an int, a 1-D sequence of flat positions, per-dimension coordinates
+    # of an ndim > 1 storage (a tuple of tensors or an [N, ndim] tensor), -1 entries for items a writer skipped,
+    # and priorities of any real dtype (reduced with `reduction` when they carry extra dims per item). These turn
+    # them into flat int64 positions and float64 values, refusing positions out of range or never written, before
+    # the trees are touched.
+    def _kept_positions(self, flat: np.ndarray) -> tuple[np.ndarray | None, int]:
+        """Checks the positions; returns the mask of the entries other than ``-1`` (``None``: all) and one
+        past the largest kept position."""
+        if not flat.size:
+            return None, 0
+        keep = None
+        lo, hi = flat.min(), flat.max()
+        if lo == -1:
+            keep = flat != -1
+            kept = flat[keep]
+            lo, hi = (kept.min(), kept.max()) if kept.size else (0, 0)
+        if lo < 0 or hi >= self._max_capacity:
+            bad = lo if lo < 0 else hi
+            raise IndexError(
+                f"`index` {bad} is out of range for a PrioritizedSampler of max_capacity "
+                f"{self._max_capacity}: pass positions in [0, {self._max_capacity}) (or -1 to skip an entry)."
+            )
+        return keep, int(hi) + 1
+
+    def _refuse_unwritten(self, flat: np.ndarray, n: int) -> None:
+        """Raises for the positions at or past ``n`` (the stored items): they hold no data yet."""
+        bad = flat[flat >= n]
+        shown = bad[:3].tolist()
+        shape = self._storage_shape
+        if shape is not None and len(shape) > 1:  # cells of an ndim > 1 storage: show coordinates too
+            coords = np.stack(np.unravel_index(bad[:3], shape), -1).tolist()
+            shown = f"{coords} (flat positions {shown})"
+        raise IndexError(
+            f"`index` holds {bad.size} position(s) never written, e.g. {shown}: the storage holds {n} items "
+            f"(len(rb) == {n}). Priorities can only be set for stored items: pass positions in [0, {n}) (or -1 "
+            f"to skip an entry), e.g. the 'index' of a sampled batch. Nothing was changed."
+        )
+
+    def _remember_shape(self, storage) -> None:
+        if storage is not None and storage.ndim > 1:
+            try:
+                self._storage_shape = tuple(storage.shape)
+            except RuntimeError:  # a lazy storage before its first write has no shape yet
+                pass
+
+    def _flat_index(self, index, storage) -> np.ndarray:
+        """Flat int64 positions (``-1`` kept for skipped entries) from any accepted index form."""
+        if storage is not None:
+            self._remember_shape(storage)
+        if isinstance(index, torch.Tensor) and index.ndim == 1 and index.dtype == torch.long and index.is_cpu:
+            return index.numpy()  # the common case, read-only from here on
+        if isinstance(index, tuple) and len(index) == 1 and not isinstance(index[0], (int, np.integer)):
+            index = index[0]  # a per-dimension index of a 1-D storage
+        ndim = storage.ndim if storage is not None else len(self._storage_shape or (None,))
+        per_dim = isinstance(index, tuple) and (
+            ndim > 1 or any(isinstance(i, (torch.Tensor, np.ndarray)) for i in index)
+        )
+        if per_dim:
+            return self._ravel([_as_index_array(i, "index") for i in index])
+        if isinstance(index, torch.Tensor):
+            if index.ndim != 2:
+                return _as_index_array(index)
+            index = index.detach().cpu().numpy()
+        elif not isinstance(index, (np.ndarray, list)) or np.ndim(index) != 2:
+            return _as_index_array(index)
+        rows = np.asarray(index)  # [N, ndim] coordinates
+        if rows.shape[-1] == 1:
+            return _as_index_array(rows.reshape(-1))
+        return self._ravel([_as_index_array(rows[:, d]) for d in range(rows.shape[-1])])
+
+    def _ravel(self, coords: list[np.ndarray]) -> np.ndarray:
+        return _ravel_coords(coords, self._storage_shape)
+
+    def _priority_values(self, priority, count: int) -> np.ndarray:
+        if isinstance(priority, torch.Tensor) and priority.ndim == 1 and priority.numel() == count:
+            if priority.is_cpu and priority.dtype in (torch.float32, torch.float64):  # the common case
+                return priority.detach().numpy().astype(np.float64, copy=False)  # read-only from here on
+            return priority.detach().to("cpu", torch.float64).numpy()
+        if isinstance(priority, torch.Tensor) and priority.ndim > 1 and priority.numel() != count:
+            if priority.shape[0] != count:
+                raise ValueError(
+                    f"`priority` of shape {list(priority.shape)} does not match the {count} indices: pass "
+                    f"one priority per index (shape [{count}] or [{count}, ...], reduced with "
+                    f"reduction={self.reduction!r})."
+                )
+            priority = reduce_priority(priority, self.reduction)
+        return _as_value_array(priority, count, name="priority")
 
     # -- internals ------------------------------------------------------------------------------------------
     def _write(self, flat: np.ndarray, raw: np.ndarray, end: int) -> None:

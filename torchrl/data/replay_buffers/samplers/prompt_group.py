@@ -24,7 +24,7 @@ from torchrl.data.replay_buffers.samplers._group_choice import (
     take_ranks,
 )
 from torchrl.data.replay_buffers.samplers._trajectories import normalize_key
-from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size
+from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, check_not_empty
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
 
 _STRATEGIES = ("random", "recency", "reward", "variance")
@@ -121,6 +121,8 @@ class PromptGroupSampler(Sampler):
         torch.Size([2, 1])
     """
 
+    _derived_state = ("_groups",)  # the grouping of the storage, forgotten at every write (see Sampler)
+
     def __init__(
         self,
         *,
@@ -193,15 +195,9 @@ class PromptGroupSampler(Sampler):
         return int(self._clock[0])
 
     # -- writes ------------------------------------------------------------------------------------------------
-    def add(self, index) -> None:
-        self._groups = None
-
-    def extend(self, index) -> None:
-        self._groups = None
-
     def mark_update(self, index, *, storage=None) -> None:
         """Forgets the cached groups; with ``strategy="recency"``, stamps the rows ``index`` as the newest."""
-        self._groups = None
+        super().mark_update(index, storage=storage)
         if self.strategy != "recency" or (storage is not None and storage.ndim != 1):
             return
         rows = torch.as_tensor(index, dtype=torch.long).reshape(-1).cpu()
@@ -250,9 +246,7 @@ class PromptGroupSampler(Sampler):
                 f"PromptGroupSampler samples 1-D storages (one completion per item); got ndim={storage.ndim}. "
                 f"Flatten the storage (storage.flatten(), or extend with data.reshape(-1))."
             )
-        n = len(storage)
-        if n == 0:
-            raise RuntimeError("Cannot sample from an empty storage: add data first (rb.add / rb.extend).")
+        n = check_not_empty(storage)
         return n
 
     def _group_values(self, storage, n: int):
@@ -424,7 +418,7 @@ class PromptGroupSampler(Sampler):
 
     # -- state -------------------------------------------------------------------------------------------------
     def _empty(self) -> None:
-        self._groups = None
+        super()._empty()
         if self.is_shared:  # the workers hold these tensors: reset them in place
             self._position_recency.zero_()
             self._clock.zero_()
@@ -476,12 +470,7 @@ class PromptGroupSampler(Sampler):
         else:
             self._position_recency = stamps.clone()
         self._clock[0] = clock
-        self._groups = None
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        state["_groups"] = None
-        return state
+        self._forget_derived()
 
     def __repr__(self) -> str:
         size = (

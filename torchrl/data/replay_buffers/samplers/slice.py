@@ -26,7 +26,7 @@ from torchrl.data.replay_buffers.samplers._trajectories import (
     read_column,
     ring_layout,
 )
-from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size
+from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, check_not_empty
 
 _DONE_KEY = ("next", "done")
 _TERMINATED_KEY = ("next", "terminated")
@@ -175,6 +175,7 @@ class SliceSampler(Sampler):
     """
 
     requires_shared_state = False
+    _derived_state = ("_cache",)  # the trajectory boundaries, forgotten at every write (see Sampler)
 
     def __init__(
         self,
@@ -244,8 +245,7 @@ class SliceSampler(Sampler):
         """The trajectories of ``storage``, from the cache when it is still valid."""
         if not getattr(storage, "stable_items", True):  # e.g. a DatasetStorage: no trajectory to index
             raise unstable_items_error(self, storage)
-        if len(storage) == 0:
-            raise RuntimeError("Cannot sample from an empty storage: add data first (rb.add / rb.extend).")
+        check_not_empty(storage)
         key = self._cache_key(storage)
         cache = self._cache
         if cache is not None and cache.key == key:
@@ -472,24 +472,7 @@ class SliceSampler(Sampler):
             info[_MASK_KEY] = real.view(-1)
         return index, info
 
-    # -- notifications and state -----------------------------------------------------------------------------
-    def add(self, index) -> None:
-        self._cache = None
-
-    def extend(self, index) -> None:
-        self._cache = None
-
-    def mark_update(self, index, *, storage=None) -> None:
-        self._cache = None
-
-    def _empty(self) -> None:
-        self._cache = None
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        state["_cache"] = None
-        return state
-
+    # -- repr ------------------------------------------------------------------------------------------------
     def _repr_fields(self) -> list[str]:
         """``name=value`` parts of the repr: the size, the trajectory source and the sampling options."""
         if self.num_slices is not None:

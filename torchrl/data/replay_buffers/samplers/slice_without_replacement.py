@@ -7,8 +7,8 @@ from tensordict import NestedKey
 
 from torchrl.data.replay_buffers.samplers._slice_args import SliceArgs
 from torchrl.data.replay_buffers.samplers.base import register_without_replacement
-from torchrl.data.replay_buffers.samplers.random import SamplerWithoutReplacement
 from torchrl.data.replay_buffers.samplers.slice import SliceSampler, _Eligible
+from torchrl.data.replay_buffers.samplers.without_replacement import SamplerWithoutReplacement
 
 
 class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):

@@ -21,7 +21,7 @@ from tensordict import TensorDictBase
 
 from torchrl._validation import check_int, is_int
 from torchrl.data.replay_buffers._shared.counters import SharedCounters
-from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, unravel
+from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, check_not_empty, unravel
 
 __all__ = ["StalenessAwareSampler"]
 
@@ -102,6 +102,7 @@ class StalenessAwareSampler(Sampler):
     """
 
     requires_shared_state = True
+    _derived_state = ("_cache",)  # the cumulative weights, forgotten at every write (see Sampler)
 
     def __init__(
         self,
@@ -248,9 +249,7 @@ class StalenessAwareSampler(Sampler):
     # -- sampling -------------------------------------------------------------------------------------------------
     def sample(self, storage, batch_size: int):
         batch_size = check_batch_size(batch_size)
-        n = len(storage)
-        if n == 0:
-            raise RuntimeError("Cannot sample from an empty storage: add data first (rb.add / rb.extend).")
+        n = check_not_empty(storage)
         cdf, staleness, drawable, last = self._weights(storage, n)
         if drawable == 0:
             gate = f" with `max_staleness`={self._max_staleness}" if self._max_staleness >= 0 else ""
@@ -300,15 +299,7 @@ class StalenessAwareSampler(Sampler):
         version = _as_version(state_dict["consumer_version"], "consumer_version")
         self.max_staleness = state_dict.get("max_staleness", self._max_staleness)
         self._consumer_version = version
-        self._cache = None
-
-    def _empty(self) -> None:
-        self._cache = None
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        state["_cache"] = None
-        return state
+        self._forget_derived()
 
     def __repr__(self) -> str:
         return (

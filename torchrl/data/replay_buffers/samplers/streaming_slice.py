@@ -19,7 +19,7 @@ from torchrl.data.replay_buffers.samplers._entries import flags_at, values_at
 from torchrl.data.replay_buffers.samplers._slice_args import SliceArgs
 from torchrl.data.replay_buffers.samplers._streaming_windows import WindowQueue
 from torchrl.data.replay_buffers.samplers._trajectories import has_key, normalize_key
-from torchrl.data.replay_buffers.samplers.base import check_batch_size
+from torchrl.data.replay_buffers.samplers.base import check_batch_size, check_not_empty
 from torchrl.data.replay_buffers.samplers.slice import SliceSampler
 
 _DONE_KEY = ("next", "done")
@@ -125,18 +125,13 @@ class StreamingSliceSampler(SliceSampler):
         self._queue = WindowQueue(self.slice_len, keep_short=not self.strict_length)
 
     # -- writes ------------------------------------------------------------------------------------------------
-    def add(self, index) -> None:
-        self._cache = None  # the writes are recorded by mark_update, which the buffer calls for every write
-
-    def extend(self, index) -> None:
-        self._cache = None
-
     def mark_update(self, index, *, storage=None) -> None:
-        """Records that the rows ``index`` were written, in this order (the buffer calls it on every write).
+        """Records that the rows ``index`` were written, in this order (the buffer calls it on every write;
+        ``add``/``extend`` record nothing).
 
         Only the rows are recorded; the trajectory entries are read when the next batch is drawn.
         """
-        self._cache = None
+        super().mark_update(index, storage=storage)
         if storage is not None and storage.ndim != 1:
             return  # sample() refuses such a storage, with the reason
         rows = torch.as_tensor(index, dtype=torch.long).reshape(-1).cpu()
@@ -209,8 +204,7 @@ class StreamingSliceSampler(SliceSampler):
         batch_size = check_batch_size(batch_size)
         num_slices, slice_len = self._slice_shape(batch_size)
         self._check_ndim(storage)
-        if len(storage) == 0:
-            raise RuntimeError("Cannot sample from an empty storage: add data first (rb.add / rb.extend).")
+        check_not_empty(storage)
         self._cut_log(storage)
         rows, stamps, lengths = self._queue.pop(num_slices)
         parts = []

@@ -34,13 +34,6 @@ from torchrl.data.replay_buffers.errors import CheckpointError
 from torchrl.data.replay_buffers.storages._codec import DataCodec
 
 
-def leaf_names(keys: list[tuple]) -> list[str]:
-    names = ["/".join(key) for key in keys]
-    if all(_io.name_problem(n) is None for n in names) and len(set(names)) == len(names):
-        return names
-    return [f"leaf_{i}" for i in range(len(keys))]
-
-
 def _key_tuple(key) -> tuple:
     return key if isinstance(key, tuple) else (key,)
 
@@ -76,7 +69,7 @@ def tensor_storage_part(
     saved_rows = backing.batch_size[0] if whole else rows
     keys = _leaf_keys(backing)
     tensors, leaves = {}, []
-    for key, name in zip(keys, leaf_names(keys)):
+    for key, name in zip(keys, _io.leaf_names(keys)):
         leaf = backing.get(key)
         tensors[ctx.name(f"storage/{name}")] = leaf[:saved_rows]
         leaves.append(
@@ -264,7 +257,7 @@ def list_storage_part(storage, items: list, ctx: PartContext) -> tuple[dict, dic
     for codec, td, json, sub in groups:
         keys = _leaf_keys(td)
         leaves: list[dict] = []
-        for key, name in zip(keys, leaf_names(keys)):
+        for key, name in zip(keys, _io.leaf_names(keys)):
             tensors[ctx.name(f"storage/{sub}/{name}")] = td.get(key)
             leaves.append({"key": list(key), "tensor": ctx.name(f"storage/{sub}/{name}")})
         leaves.extend({"key": list(key), "kind": "json", "values": values} for key, values in json.items())

@@ -26,7 +26,8 @@ import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
-from torchrl.data.replay_buffers.storages._nontensor import from_stored, has_nontensor, to_stored
+from torchrl.data.replay_buffers.storages._nontensor import from_stored, to_stored
+from torchrl.data.replay_buffers.utils import has_nontensor
 
 TENSOR_KEY = "_tensor"
 KINDS = ("tensor", "tensordict", "tensorclass", "pytree")

@@ -39,7 +39,6 @@ __all__ = [
     "decode_strings",
     "encode_strings",
     "from_stored",
-    "has_nontensor",
     "initial_width",
     "string_widths",
     "to_stored",
@@ -66,21 +65,6 @@ def _pow2(n: int) -> int:
 def initial_width(longest: int, fixed: int | None) -> int:
     """The width of a new entry whose longest string has ``longest`` bytes (``fixed``: ``max_string_bytes``)."""
     return fixed if fixed is not None else max(MIN_WIDTH, _pow2(longest))
-
-
-def has_nontensor(td: TensorDictBase) -> bool:
-    """Whether ``td`` holds a non-tensor entry, at any depth (one pass over its values, no stacking)."""
-    members = getattr(td, "tensordicts", None)  # a lazy stack: look at its members, never stack them
-    if members is not None:
-        return any(has_nontensor(member) for member in members)
-    for value in td.values():
-        if isinstance(value, torch.Tensor):
-            continue
-        if isinstance(value, _NON_TENSOR):
-            return True
-        if isinstance(value, TensorDictBase) and has_nontensor(value):
-            return True
-    return False
 
 
 def _nontensor_keys(td: TensorDictBase, prefix: tuple = ()) -> list[tuple]:

@@ -39,7 +39,7 @@ from torchrl.data.replay_buffers.component import Component
 from torchrl.data.replay_buffers.storages.storage_dataset import StorageDataset
 
 
-class Storage(Component, abc.ABC):
+class Storage(Component):
     """Base class of replay-buffer storages.
 
     Args:
@@ -94,12 +94,6 @@ class Storage(Component, abc.ABC):
 
     @abc.abstractmethod
     def __len__(self) -> int: ...
-
-    @abc.abstractmethod
-    def state_dict(self) -> dict[str, Any]: ...
-
-    @abc.abstractmethod
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
     @abc.abstractmethod
     def _empty(self) -> None: ...

@@ -1,4 +1,4 @@
-"""A list storage that keeps each item compressed: :class:`CompressedListStorage`, and its checkpointer.
+"""A list storage that keeps each item compressed: :class:`CompressedListStorage`.
 
 Each tensor of an item (each leaf of a TensorDict, tensorclass or pytree) is compressed on write into a 1-D
 uint8 tensor, with its shape and dtype beside it; non-tensor entries (strings) are kept as they are. A read
@@ -23,41 +23,15 @@ import torchrl.data.replay_buffers.storages._ragged as _ragged
 from torchrl._validation import check_int
 from torchrl.data.replay_buffers._checkpoint.parts import PartContext, check_class, mismatch, qualname
 from torchrl.data.replay_buffers._checkpoint.validate import check_int_field
-from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
+from torchrl.data.replay_buffers.checkpointers import CompressedListStorageCheckpointer
 from torchrl.data.replay_buffers.errors import CheckpointError
 from torchrl.data.replay_buffers.storages._codec import DataCodec
 from torchrl.data.replay_buffers.storages._index import as_index_tensor, is_int
 from torchrl.data.replay_buffers.storages.list import ListStorage, _split_batch
 
-__all__ = ["CompressedListStorage", "CompressedListStorageCheckpointer"]
+__all__ = ["CompressedListStorage"]
 
 _KINDS = ("tensor", "tensordict", "tensorclass", "pytree")
-
-
-class CompressedListStorageCheckpointer(StorageCheckpointerBase):
-    """The checkpointer of :class:`~torchrl.data.CompressedListStorage` (the default there).
-
-    Saves the compressed bytes as stored (no recompression), one uint8 buffer per entry with per-item offsets
-    and shapes, and the codec name (``"zstd"``, ``"zlib"`` or ``"custom"``); :meth:`loads` refuses a checkpoint
-    written with another default codec. Non-tensor entries must be str, numbers, bools or None. See
-    :class:`~torchrl.data.StorageCheckpointerBase`.
-
-    Examples:
-        >>> import os, tempfile, torch
-        >>> from torchrl.data import CompressedListStorage, CompressedListStorageCheckpointer
-        >>> storage = CompressedListStorage(10)
-        >>> type(storage.checkpointer).__name__
-        'CompressedListStorageCheckpointer'
-        >>> storage.set(0, torch.zeros(64, 64))
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     storage.checkpointer.dumps(storage, os.path.join(d, "s"))
-        ...     fresh = CompressedListStorage(10)
-        ...     fresh.loads(os.path.join(d, "s"))
-        >>> fresh.get(0).shape
-        torch.Size([64, 64])
-    """
-
-    saves = "CompressedListStorage"
 
 
 class CompressedListStorage(ListStorage):

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from torchrl._validation import check_members, check_per_member, member_id
+from torchrl._validation import check_member_states, check_members, check_per_member, member_id
 from torchrl.data.replay_buffers.checkpointers import StorageEnsembleCheckpointer
 from torchrl.data.replay_buffers.loading.collate import stack_samples
 from torchrl.data.replay_buffers.storages._index import is_int
@@ -210,12 +210,7 @@ class StorageEnsemble(Storage):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        keys = {str(i) for i in range(len(self._storages))}
-        if set(state_dict) != keys:
-            raise ValueError(
-                f"The StorageEnsemble state_dict has entries {sorted(state_dict)}; this ensemble has members "
-                f"{sorted(keys)}. Load a state saved from an ensemble of the same members."
-            )
+        check_member_states("StorageEnsemble", state_dict, len(self._storages))
         for i, (s, t) in enumerate(zip(self._storages, self._transforms)):
             s.load_state_dict(state_dict[str(i)]["storage"])
             t.load_state_dict(state_dict[str(i)]["transform"])

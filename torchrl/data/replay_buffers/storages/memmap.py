@@ -18,15 +18,15 @@ import torch
 from tensordict import TensorDictBase
 
 import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
+from torchrl._validation import check_bool
 from torchrl.data.replay_buffers._shared.cleanup import (
     make_scratch_dir,
     remove_owned_path,
     unregister_owned_path,
 )
 from torchrl.data.replay_buffers.errors import FileExistsRuntimeError
-from torchrl.data.replay_buffers.storages._compat_args import check_auto_cleanup
 from torchrl.data.replay_buffers.storages._registry import register_memmap_storage
-from torchrl.data.replay_buffers.storages.tensor import LazyTensorStorage
+from torchrl.data.replay_buffers.storages.lazy_tensor import LazyTensorStorage
 
 
 class LazyMemmapStorage(LazyTensorStorage):
@@ -89,7 +89,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         auto_cleanup: bool | None = None,
         max_string_bytes: int | None = None,
     ):
-        self.auto_cleanup = check_auto_cleanup(auto_cleanup, scratch_dir)
+        self.auto_cleanup = _check_auto_cleanup(auto_cleanup, scratch_dir)
         if self.auto_cleanup and scratch_dir is not None:
             raise NotImplementedError(
                 "LazyMemmapStorage(auto_cleanup=True) with a `scratch_dir`: a directory you pass is never removed "
@@ -177,3 +177,10 @@ class LazyMemmapStorage(LazyTensorStorage):
 
     def __repr__(self) -> str:
         return super().__repr__()[:-1] + f", scratch_dir={self._memmap_dir!r})"
+
+
+def _check_auto_cleanup(auto_cleanup, scratch_dir) -> bool:
+    """``auto_cleanup`` as a bool: ``None`` means ``True`` without ``scratch_dir`` and ``False`` with one."""
+    if auto_cleanup is None:
+        return scratch_dir is None
+    return check_bool("auto_cleanup", auto_cleanup)

@@ -16,7 +16,7 @@ import torch.utils._pytree as pytree
 from tensordict import TensorDictBase, is_tensorclass
 from torch.utils.data import Dataset
 
-from torchrl.data.replay_buffers.loading.worker_threads import ForkThreadGuard
+from torchrl.data.replay_buffers.loading.worker_threads import WorkerThreadCheck
 from torchrl.data.replay_buffers.loading.worker_transport import (
     DEFAULT_TRANSPORT,
     check_transport,
@@ -48,7 +48,7 @@ def _check_storage(storage) -> None:
         )
 
 
-class StorageDataset(ForkThreadGuard, Dataset):
+class StorageDataset(Dataset):
     """A map-style :class:`~torch.utils.data.Dataset` over a 1-D storage.
 
     ``__getitems__(indices)`` reads a whole index batch with one ``storage.get`` call (one vectorized gather
@@ -116,7 +116,7 @@ class StorageDataset(ForkThreadGuard, Dataset):
         self.transport = check_transport(transport)
         if self.share_memory and hasattr(storage, "share_memory_"):
             storage.share_memory_()
-        self._record_origin()
+        self._thread_check = WorkerThreadCheck()  # see NOTE [forked workers and OpenMP] in loading/worker_threads.py
 
     def __len__(self) -> int:
         return len(self.storage)
@@ -158,11 +158,11 @@ class StorageDataset(ForkThreadGuard, Dataset):
         self.check_state_dict(state_dict)
 
     def __getitem__(self, index: int):
-        self._check_worker_threads()
+        self._thread_check.check(self)
         return self.storage.get(index)
 
     def __getitems__(self, indices: list[int]):
-        self._check_worker_threads()
+        self._thread_check.check(self)
         batch = self.storage.get(indices)
         if isinstance(batch, list):
             return batch

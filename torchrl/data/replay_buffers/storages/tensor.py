@@ -1,29 +1,43 @@
-"""Storages backed by preallocated tensors: :class:`TensorStorage` and :class:`LazyTensorStorage`.
+"""A storage backed by preallocated tensors: :class:`TensorStorage` (its lazy form is in :mod:`.lazy_tensor`).
 
 Data model: whatever the user writes (tensor, TensorDict, tensorclass, pytree) is kept in ONE backing
 :class:`~tensordict.TensorDict` whose batch size is the item grid (``[rows]``, or ``[rows, *extra]`` for
-``ndim > 1``); see :mod:`._codec`. Reads of an index batch are one ``index_select`` per leaf (no Python loop
-over items, no advanced indexing, which is ~20x slower on uint8 frames). Writes validate the whole batch
-(keys, shapes) before any leaf is touched. The number of filled rows, the last written row and a write
-revision live in shared memory (:class:`~torchrl.data.replay_buffers._shared.counters.SharedCounters`).
+``ndim > 1``); see :mod:`._codec`. The number of filled rows, the last written row and a write revision live
+in shared memory (:class:`~torchrl.data.replay_buffers._shared.counters.SharedCounters`).
+
+- Writes are encoded and checked against the stored entries (keys, shapes, dtype casts) before any leaf is
+  touched. Partial writes and new keys follow :mod:`._keys`; string entries follow :mod:`._nontensor` (a
+  private storage widens an entry too narrow for a new string; a shared one refuses the write).
+- Reads of an index batch are one ``index_select`` per leaf (no Python loop over items, no advanced indexing,
+  which is ~20x slower on uint8 frames). With row versions (a storage shared between processes,
+  ``consistent_reads``), a gather that a write overlapped reads the rows that write stamped again; see
+  :class:`~torchrl.data.replay_buffers._shared.row_versions.RowVersions`.
+- The checkpoint part follows the protocol of :mod:`torchrl.data.replay_buffers._checkpoint.parts`; its layout
+  is described in :mod:`._checkpoint`. A storage whose ``checkpointer`` saves another layout
+  (:class:`~torchrl.data.FlatStorageCheckpointer` and its subclasses: a ``storage_layout`` attribute and
+  ``dump/check/load_storage_part`` methods) hands its part to it, so that ``storage.dumps`` and ``rb.dumps``
+  both write that layout; a checkpoint records the layout it was written in and loads only through a
+  checkpointer of that layout.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import warnings
-import weakref
+import time
+from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
+import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
 import torchrl.data.replay_buffers.storages._items as _items
+import torchrl.data.replay_buffers.storages._keys as _keys
 import torchrl.data.replay_buffers.storages._nontensor as _nt
 from torchrl._validation import check_bool, check_positive_int
 from torchrl.data.replay_buffers._checkpoint.io import advise_private_tensors
-from torchrl.data.replay_buffers._shared.cleanup import make_scratch_dir, remove_owned_path
+from torchrl.data.replay_buffers._checkpoint.parts import PartContext, mismatch
 from torchrl.data.replay_buffers._shared.counters import SharedCounters, is_spawning
 from torchrl.data.replay_buffers._shared.lock import NULL_LOCK, ProcessLock
 from torchrl.data.replay_buffers._shared.row_versions import RowVersions
@@ -31,16 +45,12 @@ from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer
 from torchrl.data.replay_buffers.storages._casts import check_cast
 from torchrl.data.replay_buffers.storages._codec import DataCodec
 from torchrl.data.replay_buffers.storages._index import as_index_tensor, check_bounds, check_int, is_int
-from torchrl.data.replay_buffers.storages._reads import RowReads
-from torchrl.data.replay_buffers.storages._shared_init import SharedInit
-from torchrl.data.replay_buffers.storages._state import StorageState
-from torchrl.data.replay_buffers.storages._writes import WriteEncoding
 from torchrl.data.replay_buffers.storages.base import CheckedWrite, Storage, _check_max_size
 
 _COUNTERS = ("rows", "last_row", "revision")
 
 
-class TensorStorage(RowReads, WriteEncoding, StorageState, Storage):
+class TensorStorage(Storage):
     """A storage over preallocated tensors.
 
     Args:
@@ -388,6 +398,58 @@ class TensorStorage(RowReads, WriteEncoding, StorageState, Storage):
                 check_cast(src, dst.dtype, what)
         return td
 
+    def _encode_checked(self, data, batch: tuple[int, ...]) -> tuple[TensorDictBase, list | None]:
+        """Encodes ``data`` and checks its keys, shapes and values against the backing before anything is
+        written: a value the cast to the stored dtype would change (see :func:`._casts.check_cast`) is refused.
+        Returns the encoded data and the keys to copy: the stored keys, or ``None`` for a TensorDict write of
+        other keys (a subset, or new ones: :meth:`_grow` adds them at write time)."""
+        batch_dims = len(batch) + self.ndim - 1
+        try:
+            td = self._codec.encode(data, batch_dims=batch_dims)
+        except _nt.StringTooLong as err:
+            td = self._encode_wider(data, batch_dims, err)
+        except TypeError as err:
+            raise TypeError(f"Cannot write this data into the storage: {err}") from None
+        given = td.keys(include_nested=True, leaves_only=True)
+        keys = set(given)
+        expected = torch.Size([*batch, *self._extra_shape])
+        if self._codec.kind == "tensordict" and keys != self._key_set:  # only the entries written (see _keys)
+            shared = self._counters.is_shared
+            td, updated = _keys.partial_write(self._storage, self._keys, td, expected, shared, self.ndim)
+            return self._check_entries(td, batch, expected, updated), None
+        if keys != self._key_set:
+            missing = sorted(map(str, set(self._keys) - keys))
+            extra = sorted(map(str, keys - set(self._keys)))
+            raise ValueError(
+                f"The data written does not have the structure of the stored data: missing keys {missing}, "
+                f"unexpected keys {extra}. Write data with the keys of the first write, or empty() the buffer "
+                f"and use a new storage for data of another structure."
+            )
+        return self._check_entries(td, batch, expected, self._keys), self._keys
+
+    def _grow(self, td: TensorDictBase, lead: int) -> list:
+        """The keys a validated write of other keys copies, after adding the new entries it brings."""
+        keys, grown = _keys.add_entries(self._storage, self._keys, td, lead, self.ndim)
+        if grown:  # a new list: a write checked against the old layout is checked again
+            self._keys = list(self._storage.keys(include_nested=True, leaves_only=True))
+            self._key_set = set(self._keys)
+            self._codec.strings = _nt.string_widths(self._storage)
+        return keys
+
+    def _encode_wider(self, data, batch_dims: int, err: _nt.StringTooLong) -> TensorDictBase:
+        """Encodes ``data`` after widening the string entries too narrow for it, on a private storage."""
+        while True:
+            fixed = self.max_string_bytes is not None
+            if fixed or err.key not in self._codec.strings or not _keys.can_grow(self._storage, self.is_shared):
+                raise _nt.StringTooLong(err.key, err.needed, err.width, fixed) from None
+            _nt.widen(self._storage, err.key, err.needed)
+            self._codec.strings = _nt.string_widths(self._storage)
+            self._keys = list(self._keys)  # a new list: a write checked against the old width is checked again
+            try:
+                return self._codec.encode(data, batch_dims=batch_dims)
+            except _nt.StringTooLong as again:
+                err = again
+
     # -- reads --------------------------------------------------------------------------------------------------
     def get(self, index):
         """Reads one item (int), a view (slice) or a batch (index tensor/list; per-dim tuple for ndim > 1).
@@ -421,6 +483,57 @@ class TensorStorage(RowReads, WriteEncoding, StorageState, Storage):
             return self._gather_consistent(self._storage, index, index.numpy())
         return self._gather(self._storage, index)
 
+    def _select(self, backing: TensorDictBase, index: torch.Tensor):
+        """The rows ``index`` of ``backing``: a tensor for tensor data, else a TensorDict (not decoded)."""
+        if self._codec.kind == "tensor":
+            return backing.get("_tensor").index_select(0, index)
+        n = index.numel()
+        return backing.apply(
+            lambda t: t.index_select(0, index), batch_size=[n, *backing.batch_size[1:]], device=backing.device
+        )
+
+    def _gather(self, backing: TensorDictBase, index: torch.Tensor):
+        out = self._select(backing, index)
+        return out if self._codec.kind == "tensor" else self._codec.decode(out)
+
+    def _gather_consistent(self, backing: TensorDictBase, index: torch.Tensor, rows: np.ndarray):
+        """:meth:`_gather`, reading again the rows that a write touched during the read (see ``RowVersions``)."""
+        versions = self._versions
+        snapshot = versions.snapshot()
+        out = self._select(backing, index)
+        torn = versions.torn(snapshot, rows)
+        attempt, started = 0, None
+        while torn is not None and torn.any():
+            if started is None:
+                started = time.monotonic()
+            positions = np.flatnonzero(torn)
+            versions.wait(attempt, started, rows[positions])
+            attempt += 1
+            snapshot = versions.snapshot()
+            where = torch.from_numpy(positions)
+            out[where] = self._select(backing, index[where])
+            sub_torn = versions.torn(snapshot, rows[positions])
+            if sub_torn is None:
+                break
+            torn = np.zeros(rows.shape, dtype=bool)
+            torn[positions[sub_torn]] = True
+        return out if self._codec.kind == "tensor" else self._codec.decode(out)
+
+    def _gather_cells(self, index: tuple, rows: int):
+        """Reads cells given per-dimension index tensors (ndim > 1) through one flat gather."""
+        shape = self._storage.batch_size[: self.ndim]
+        parts = []
+        for d, idx in enumerate(index):
+            size = rows if d == 0 else shape[d]
+            parts.append(check_bounds(as_index_tensor(idx, device=self._storage.device), size))
+        flat = torch.zeros_like(parts[0])
+        for d, idx in enumerate(parts):
+            flat = flat * shape[d] + idx
+        flat_backing = self._storage.reshape(-1, *self._storage.batch_size[self.ndim :])
+        if self._versions is not None and self.consistent_reads:
+            return self._gather_consistent(flat_backing, flat, parts[0].numpy())
+        return self._gather(flat_backing, flat)
+
     def flatten(self) -> TensorStorage:
         """A 1-D :class:`TensorStorage` over the filled cells, sharing memory with this storage."""
         if self.ndim == 1:
@@ -441,6 +554,7 @@ class TensorStorage(RowReads, WriteEncoding, StorageState, Storage):
             return -rows <= int(item) < rows
         return super().contains(item)
 
+    # -- sharing with other processes ---------------------------------------------------------------------------
     @property
     def is_shared(self) -> bool:
         """Whether the content and counters are shared with other processes (see :meth:`share_memory_`)."""
@@ -492,6 +606,88 @@ class TensorStorage(RowReads, WriteEncoding, StorageState, Storage):
             self._counters["last_row"] = -1
             self._counters["revision"] += 1
 
+    def _layout_checkpointer(self):
+        """The storage's checkpointer when it saves a layout of its own (``None`` for the default one)."""
+        checkpointer = self._checkpointer
+        return checkpointer if getattr(checkpointer, "storage_layout", None) is not None else None
+
+    def state_dict(self) -> dict[str, Any]:
+        self.initialized  # noqa: B018 (maps the files of a shared_init storage written by another process)
+        return {
+            "_storage": None if self._storage is None else self._storage.clone(),
+            "_codec": None if self._codec is None else self._codec.to_json(),
+            "_len": self._counters["rows"],
+            "_last_row": self._counters["last_row"],
+            "max_size": self.max_size,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        backing = state_dict.get("_storage")
+        if backing is None:
+            self._empty()
+            return
+        if not isinstance(backing, TensorDictBase):
+            backing = TensorDict.from_dict(backing)
+        codec = DataCodec.from_json(state_dict["_codec"])
+        if not self.initialized:
+            rows = backing.batch_size[0]
+            self._adopt(self._allocate(backing[0], rows), codec)
+        _ckpt.check_same_layout(self._storage, backing)
+        with self.write_lock:
+            versions = self._versions
+            everything = slice(None)
+            if versions is not None:
+                versions.begin(everything)
+            self._storage.update_(backing)
+            if versions is not None:
+                versions.end()
+            self._use_codec(codec)
+            self._counters["rows"] = int(state_dict["_len"])
+            self._counters["last_row"] = int(state_dict.get("_last_row", int(state_dict["_len"]) - 1))
+            self._counters["revision"] += 1
+        self._publish_shared_init()
+
+    def checkpoint_part(self, ctx: PartContext) -> tuple[dict, dict]:
+        self.initialized  # noqa: B018 (maps the files of a shared_init storage written by another process)
+        layout = self._layout_checkpointer()
+        if layout is not None:
+            return layout.dump_storage_part(self, ctx)
+        rows, last_row = self._counters["rows"], self._counters["last_row"]
+        return _ckpt.tensor_storage_part(self, self._storage, self._codec, rows, last_row, ctx)
+
+    def check_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
+        self.initialized  # noqa: B018
+        saved = doc.get("layout")
+        if saved is not None:
+            layout = self._layout_checkpointer()
+            here = None if layout is None else layout.storage_layout
+            if here != saved:
+                fix = (
+                    f"Set `storage.checkpointer` to a checkpointer of the {saved!r} layout (e.g. "
+                    f"{doc.get('checkpointer', 'FlatStorageCheckpointer')}(...)) before loading."
+                )
+                raise mismatch("the storage layout", saved, here or "standard", fix)
+            return layout.check_storage_part(self, doc, tensors, ctx)
+        _ckpt.check_tensor_storage_part(self, self._storage, doc, tensors, ctx)
+
+    def load_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
+        if doc.get("layout") is not None:
+            return self._layout_checkpointer().load_storage_part(self, doc, tensors, ctx)
+        if not doc.get("initialized"):
+            return self._empty()
+        codec = DataCodec.from_json(doc["codec"])
+        if self._storage is None:
+            self._adopt(self._backing_for_checkpoint(doc, tensors), codec)
+        _ckpt.copy_saved_rows(doc, tensors, self._storage)
+        self._use_codec(codec)
+        self._counters["rows"], self._counters["last_row"] = doc["rows"], doc["last_row"]
+        self._counters["revision"] += 1
+        self._publish_shared_init()
+
+    def _backing_for_checkpoint(self, doc: dict, tensors) -> TensorDictBase:
+        """The backing a checkpoint is loaded into, for a storage that holds no data yet."""
+        return self._allocate(_ckpt.item_template(doc), doc["batch_size"][0])
+
     def __getstate__(self):
         if is_spawning() and not self.is_shared:
             # a process being started receives the content through shared memory anyway (torch's reducers):
@@ -508,88 +704,4 @@ class TensorStorage(RowReads, WriteEncoding, StorageState, Storage):
     def __repr__(self) -> str:
         fields = "uninitialized" if self._storage is None else f"shape={list(self.shape)}"
         return f"{type(self).__name__}(max_size={self.max_size}, len={len(self)}, {fields}, device={self.device})"
-
-
-class LazyTensorStorage(TensorStorage):
-    """A :class:`TensorStorage` that allocates its tensors at the first write, shaped like that data.
-
-    Args:
-        max_size (int): the capacity in items (cells for ``ndim > 1``).
-
-    Keyword Args:
-        device (torch.device or str): where the data lives; ``"auto"`` takes the first datum's device.
-            Defaults to ``"cpu"``.
-        ndim (int): how many leading dims index items. Defaults to ``1``.
-        compilable (bool): accepted for TorchRL compatibility (see :class:`~torchrl.data.Storage`).
-            Defaults to ``False``.
-        shared_init (bool): let the first write come from any process that shares the storage (DataLoader
-            workers, ``multiprocessing`` children started before any write). The storage is shared from
-            construction; the first writer allocates memory-mapped files in a temporary directory that this
-            storage removes with it, and the other processes map them (a read waits for that first write).
-            Data then lives in those files on the host, whatever ``device``. Defaults to ``False``: a storage
-            shared before its first write must receive that write from the process that shared it.
-        consistent_reads (bool): see :class:`TensorStorage`. Defaults to ``True``.
-        max_string_bytes (int, optional): the width, in UTF-8 bytes, of each string entry
-            (``NonTensorData``/``NonTensorStack`` of str); longer strings are refused. ``None`` sizes each entry
-            at its first write (at least 256 bytes) and lets a private storage widen it for longer strings
-            later; a shared storage cannot widen it (see :mod:`~torchrl.data.replay_buffers.storages._nontensor`).
-            Defaults to ``None``.
-
-    Examples:
-        >>> import torch
-        >>> from torchrl.data import LazyTensorStorage
-        >>> storage = LazyTensorStorage(100)
-        >>> storage.set(torch.arange(3), {"obs": torch.randn(3, 4), "reward": torch.zeros(3)})
-        >>> storage.get(torch.tensor([2, 0]))["obs"].shape
-        torch.Size([2, 4])
-
-        String entries are kept too, one per item:
-
-        >>> from tensordict import NonTensorStack, TensorDict
-        >>> storage = LazyTensorStorage(100)
-        >>> storage.set(torch.arange(2), TensorDict(obs=torch.zeros(2), text=NonTensorStack("hi", "ho"), batch_size=[2]))
-        >>> storage.get(torch.tensor([1, 0]))["text"].tolist()
-        ['ho', 'hi']
-    """
-
-    def __init__(
-        self,
-        max_size: int,
-        *,
-        device="cpu",
-        ndim: int = 1,
-        compilable: bool = False,
-        shared_init: bool = False,
-        consistent_reads: bool = True,
-        max_string_bytes: int | None = None,
-    ):
-        self.shared_init = check_bool("shared_init", shared_init)
-        if max_string_bytes is not None:
-            self.max_string_bytes = check_positive_int("max_string_bytes", max_string_bytes)
-        if self.shared_init and device not in ("cpu", "auto", None) and torch.device(device).type != "cpu":
-            warnings.warn(
-                f"{type(self).__name__}(shared_init=True) keeps its data in memory-mapped files on the host: "
-                f"`device`={device!r} is replaced by 'cpu'. Move sampled batches with `.to(device)`.",
-                stacklevel=2,
-            )
-            device = "cpu"
-        super().__init__(
-            None, max_size=max_size, device=device, ndim=ndim, compilable=compilable, consistent_reads=consistent_reads
-        )
-        if self.shared_init:
-            self.shared_init_state = SharedInit(self._shared_init_dir())
-            self._make_shared()
-            self._versions = RowVersions(self.max_size)  # one set of row versions seen by every copy
-
-    def _shared_init_dir(self) -> str:
-        """The directory where the first writer of a ``shared_init`` storage allocates its files."""
-        path = make_scratch_dir()  # removed at exit, on SIGTERM and with this storage, by this process only
-        weakref.finalize(self, remove_owned_path, path)
-        return path
-
-    def _allocate(self, item: TensorDictBase, rows: int) -> TensorDictBase:
-        state = self.shared_init_state
-        if state is None:
-            return super()._allocate(item, rows)
-        return item.expand(rows, *item.batch_size).memmap_like(prefix=state.directory, existsok=True)
 

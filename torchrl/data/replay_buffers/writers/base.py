@@ -22,7 +22,7 @@ from torchrl.data.replay_buffers._shared.counters import SharedCounters
 from torchrl.data.replay_buffers.component import Component
 
 
-class Writer(Component, abc.ABC):
+class Writer(Component):
     """Base class of replay-buffer writers (see the module docstring for the contract).
 
     Class attributes:
@@ -157,36 +157,6 @@ class Writer(Component, abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
-
-
-class ImmutableDatasetWriter(Writer):
-    """A writer that refuses every write: for buffers over a fixed dataset.
-
-    Examples:
-        >>> import torch
-        >>> from torchrl.data import ImmutableDatasetWriter, LazyTensorStorage
-        >>> writer = ImmutableDatasetWriter()
-        >>> writer.register_storage(LazyTensorStorage(10))
-        >>> writer.extend(torch.zeros(2))
-        Traceback (most recent call last):
-        ...
-        RuntimeError: This buffer is read-only (ImmutableDatasetWriter): ...
-    """
-
-    def _refuse(self):
-        raise RuntimeError(
-            "This buffer is read-only (ImmutableDatasetWriter): it does not accept add/extend/empty. Build a "
-            "buffer with writer=RoundRobinWriter() to write data."
-        )
-
-    def add(self, data):
-        self._refuse()
-
-    def extend(self, data):
-        self._refuse()
-
-    def _empty(self, empty_write_count: bool = True) -> None:
-        self._refuse()
 
 
 def batch_len(data) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchrl._validation import check_members, member_at
+from torchrl._validation import check_member_states, check_members, member_at
 from torchrl.data.replay_buffers.writers.base import Writer
 
 
@@ -76,12 +76,7 @@ class WriterEnsemble(Writer):
         return {str(i): w.state_dict() for i, w in enumerate(self._writers)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        keys = {str(i) for i in range(len(self._writers))}
-        if set(state_dict) != keys:
-            raise ValueError(
-                f"The WriterEnsemble state_dict has entries {sorted(state_dict)}; this ensemble has members "
-                f"{sorted(keys)}. Load a state saved from an ensemble of the same members."
-            )
+        check_member_states("WriterEnsemble", state_dict, len(self._writers))
         for i, writer in enumerate(self._writers):
             writer.load_state_dict(state_dict[str(i)])
 

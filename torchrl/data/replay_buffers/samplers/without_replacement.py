@@ -1,0 +1,331 @@
+"""Uniform sampling without replacement: :class:`SamplerWithoutReplacement`, what
+``RandomSampler(replacement=False)`` builds.
+
+An epoch is a permutation of the stored items; each batch takes the next items of it. Shared with DataLoader
+workers, the epoch lives in shared memory (:mod:`._shared_epoch`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from torchrl.data.replay_buffers.errors import EpochEnded
+from torchrl.data.replay_buffers.samplers._shared_epoch import Pin, SharedEpoch
+from torchrl.data.replay_buffers.samplers.base import (
+    Sampler,
+    check_batch_size,
+    check_not_empty,
+    register_without_replacement,
+    unravel,
+)
+from torchrl.data.replay_buffers.samplers.random import RandomSampler
+
+
+class SamplerWithoutReplacement(Sampler):
+    """Visits every stored item exactly once per epoch, in a random (or fixed) order.
+
+    Stateful: it holds the epoch permutation and the position in it, so a private per-worker copy would make
+    every DataLoader worker replay the same epoch (``requires_shared_state = True``). It can share that state
+    (``can_share_state = True``): after :meth:`share_memory_` (which ``rb.as_dataset()`` calls), the main
+    process and every worker draw from one shared epoch, so that across all of them every stored item is drawn
+    exactly once per epoch (see
+    :mod:`~torchrl.data.replay_buffers.samplers._shared_epoch`). A new permutation is drawn when the epoch
+    ends and when the storage length changed since the last draw, except during an epoch pinned by
+    :meth:`pin_epoch` (a DataLoader iteration), which runs to its end over the items it started with.
+
+    DataLoader workers draw by number (:meth:`planned_draw`, which
+    :class:`~torchrl.data.ReplayBufferDataset` uses): batch ``g`` of an iteration is a fixed slice of a fixed
+    epoch, so the batches do not depend on which worker draws faster, two seeded runs are identical and a
+    resumed run continues the interrupted one exactly (see NOTE [planned epochs] in
+    :mod:`~torchrl.data.replay_buffers.samplers._shared_epoch`).
+
+    Args:
+        drop_last (bool): if ``True``, the last batch of an epoch is dropped when it would be short; if
+            ``False`` it is returned short. Defaults to ``False``.
+        shuffle (bool): ``False`` visits items in storage order. Defaults to ``True``.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement
+        >>> storage = LazyTensorStorage(10)
+        >>> storage.set(torch.arange(5), torch.arange(5))
+        >>> sampler = SamplerWithoutReplacement()
+        >>> seen = torch.cat([sampler.sample(storage, 2)[0] for _ in range(3)])
+        >>> sorted(seen.tolist()), sampler.ran_out
+        ([0, 1, 2, 3, 4], True)
+    """
+
+    requires_shared_state = True
+    can_share_state = True
+    _epoch_id = 0  # private epochs drawn so far (the shared state counts its own)
+    _epoch_state: SharedEpoch | None = None  # the shared epoch, once shared
+    _pin: Pin | None = None  # this process's pin (never pickled)
+    _planned: tuple[int, int, int | None] | None = None  # the next draw's (key, number, total) (never pickled)
+    _pending_plan: dict | None = None  # a plan loaded into a private sampler, handed to the shared epoch
+
+    def __init__(self, drop_last: bool = False, shuffle: bool = True):
+        self.drop_last = bool(drop_last)
+        self.shuffle = bool(shuffle)
+        self._perm: torch.Tensor | None = None
+        self._pos = 0
+        self._len_storage = 0
+        self._ran_out = False
+
+    # -- sharing with DataLoader workers -------------------------------------------------------------------
+    @property
+    def is_shared(self) -> bool:
+        """Whether the epoch (permutation and cursor) lives in shared memory (see :meth:`share_memory_`)."""
+        return self._epoch_state is not None and self._epoch_state.is_shared
+
+    def share_memory_(self) -> SamplerWithoutReplacement:
+        """Moves the epoch to shared memory, in place: the main process and the processes that receive the
+        sampler afterwards (DataLoader workers under fork, spawn or forkserver) draw from one epoch (through one
+        cursor, or by number with :meth:`planned_draw`), under a cross-process lock held only while the epoch
+        state is read or moved. The epoch in progress carries over. A no-op when shared already;
+        ``pickle``/``copy.deepcopy`` give a private copy.
+
+        Examples:
+            >>> sampler = SamplerWithoutReplacement()
+            >>> sampler.share_memory_().is_shared
+            True
+        """
+        if self._epoch_state is None:
+            self._epoch_state = SharedEpoch(self._perm, self._pos, self._len_storage)
+            self._perm, self._pos, self._len_storage = None, 0, 0
+            self._epoch_state.load_plan(self._pending_plan)
+            self._pending_plan = None
+        self._epoch_state.share_memory_()
+        return self
+
+    def pin_epoch(self, key: int | None = None, readers: int = 1) -> None:
+        """Pins this process's draws to the epoch in progress (see :meth:`Sampler.pin_epoch`): once it ended
+        (in any process sharing the sampler), :meth:`sample` raises
+        :class:`~torchrl.data.EpochEnded`. Items written meanwhile join the next
+        epoch.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage
+            >>> from torchrl.data import EpochEnded
+            >>> storage = LazyTensorStorage(10)
+            >>> storage.set(torch.arange(4), torch.arange(4))
+            >>> sampler = SamplerWithoutReplacement(shuffle=False)
+            >>> sampler.pin_epoch()
+            >>> sampler.sample(storage, 3)[0].tolist(), sampler.sample(storage, 3)[0].tolist()
+            ([0, 1, 2], [3])
+            >>> try:
+            ...     sampler.sample(storage, 3)
+            ... except EpochEnded:
+            ...     print("epoch over")
+            epoch over
+            >>> sampler.unpin_epoch()
+        """
+        self._pin = Pin(key, readers)
+
+    def unpin_epoch(self) -> None:
+        self._pin = None
+
+    @contextlib.contextmanager
+    def planned_draw(self, key: int, number: int, total: int | None = None) -> Iterator[None]:
+        """Makes the next :meth:`sample` in this process (within the ``with`` block) draw batch ``number`` of
+        the DataLoader iteration ``key`` instead of the next batch at the shared cursor.
+
+        The readers of one iteration (the DataLoader workers, which agree on ``key``: torch's base seed of the
+        iteration) number their draws ``0, 1, 2, ...`` between them (worker ``w`` of ``N`` draws
+        ``w, w + N, ...``). The first of them fixes the iteration's plan: its epoch (the one in progress, from
+        its cursor, or a new one) and, for ``total`` batches over several epochs, the epochs after it, each
+        seeded from ``key``. Batch ``number`` then is always the same slice of the same epoch: across the
+        readers every item comes exactly once per epoch, whatever their speed, and a run resumed with the
+        same key and numbers draws the same batches. With ``total=None`` the iteration is one epoch, and a
+        number past its end raises :class:`~torchrl.data.EpochEnded`, for every reader at the same number.
+        The sampler must be shared (:meth:`share_memory_`). See NOTE [planned epochs] in
+        :mod:`~torchrl.data.replay_buffers.samplers._shared_epoch`.
+
+        Args:
+            key (int): the iteration (the same for all its readers; a new key starts a new iteration, after
+                the batches planned by the previous one).
+            number (int): the draw's number in the iteration, from 0.
+            total (int, optional): the number of batches of the iteration; ``None``: one epoch. Defaults to
+                ``None``.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage
+            >>> storage = LazyTensorStorage(10)
+            >>> storage.set(torch.arange(6), torch.arange(6))
+            >>> sampler = SamplerWithoutReplacement(shuffle=False).share_memory_()
+            >>> draws = {}
+            >>> for number in (2, 0, 1):  # any order, any process: the same batches
+            ...     with sampler.planned_draw(key=7, number=number):
+            ...         draws[number] = sampler.sample(storage, 2)[0].tolist()
+            >>> draws
+            {2: [4, 5], 0: [0, 1], 1: [2, 3]}
+        """
+        if self._epoch_state is None or not self._epoch_state.is_shared:
+            raise RuntimeError(
+                "planned_draw() needs the sampler's epoch in shared memory: call sampler.share_memory_() first "
+                "(rb.as_dataset() does)."
+            )
+        for name, value in (("key", key), ("number", number)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"`{name}` must be a non-negative int, got {value!r}.")
+        if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
+            raise ValueError(f"`total` must be a non-negative int or None (one epoch), got {total!r}.")
+        self._planned = (key, number, total)
+        try:
+            yield
+        finally:
+            self._planned = None
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_pin", None)
+        state.pop("_planned", None)
+        return state
+
+    def _new_epoch(self, n: int) -> None:
+        if self.shuffle:
+            device = self._rng.device if self._rng is not None else None
+            self._perm = torch.randperm(n, generator=self._rng, device=device)
+        else:
+            self._perm = torch.arange(n)
+        self._pos = 0
+        self._len_storage = n
+        self._epoch_id += 1
+
+    def sample(self, storage, batch_size: int):
+        batch_size = check_batch_size(batch_size)
+        n = check_not_empty(storage)
+        if self.drop_last and n < batch_size:
+            raise ValueError(
+                f"`batch_size`={batch_size} is larger than the {n} stored items and drop_last=True: every "
+                f"batch would be dropped. Lower the batch size or pass drop_last=False."
+            )
+        return unravel(self._next_in_epoch(n, batch_size), storage), {}
+
+    def _next_in_epoch(self, n: int, count: int) -> torch.Tensor:
+        """The next ``count`` (or fewer, at the end) of an epoch over ``n`` things; sets :attr:`ran_out`.
+
+        A new permutation is drawn when ``n`` changed since the last one (except that a pinned epoch runs to
+        its end when the storage grew) and once the epoch is over (all visited, or with ``drop_last`` fewer
+        than ``count`` left). Raises ``EpochEnded`` when the pinned epoch is over.
+        """
+        pin = self._pin
+        planned, self._planned = self._planned, None  # one draw per planned_draw()
+        if planned is not None:
+            self._ran_out = False
+            key, number, total = planned
+            chosen, self._ran_out = self._epoch_state.take_planned(
+                n, count, key=key, number=number, total=total, drop_last=self.drop_last, shuffle=self.shuffle
+            )
+            return chosen
+        if self._epoch_state is not None:
+            self._ran_out = False
+            chosen, self._ran_out = self._epoch_state.take(
+                n, count, drop_last=self.drop_last, shuffle=self.shuffle, rng=self._rng, pin=pin
+            )
+            return chosen
+        if pin is not None and pin.epoch is None:
+            if self._perm is None or self._len_storage != n:
+                self._new_epoch(n)
+            pin.epoch = self._epoch_id
+        if pin is not None and pin.epoch != self._epoch_id:
+            raise EpochEnded(f"Epoch {pin.epoch} of this sampler without replacement has ended.")
+        grown_while_pinned = pin is not None and n > self._len_storage
+        if self._perm is None or (self._len_storage != n and not grown_while_pinned):
+            self._new_epoch(n)
+            if pin is not None:  # the storage shrank under the pinned epoch
+                raise EpochEnded(f"Epoch {pin.epoch} of this sampler without replacement no longer fits the storage.")
+        self._ran_out = False
+        chosen = self._perm[self._pos : self._pos + count]
+        self._pos += chosen.numel()
+        remaining = self._len_storage - self._pos
+        if remaining == 0 or (self.drop_last and remaining < count):
+            self._ran_out = True
+            self._new_epoch(n)
+        return chosen
+
+    def _epoch(self) -> tuple[torch.Tensor | None, int, int, int | None]:
+        """``(permutation, pos, length, seed)`` of the epoch in progress (a consistent copy when shared;
+        ``seed``: the seed a shared epoch derives its permutation from, ``None`` when there is none)."""
+        if self._epoch_state is not None:
+            return self._epoch_state.snapshot()
+        return self._perm, self._pos, self._len_storage, None
+
+    @property
+    def _sample_list(self) -> torch.Tensor | None:
+        """TorchRL's name of the positions left in the current epoch (``None`` before the first draw).
+
+        Setting it makes those positions the rest of the epoch, drawn in that order.
+        """
+        perm, pos, _, _ = self._epoch()
+        return None if perm is None else perm[pos:]
+
+    @_sample_list.setter
+    def _sample_list(self, value) -> None:
+        value = torch.as_tensor(value, dtype=torch.long).reshape(-1)
+        perm, _, length, _ = self._epoch()
+        if perm is None or value.numel() > length:
+            perm, pos, length = value.clone(), 0, value.numel()
+        else:
+            pos = length - value.numel()  # keep len(perm) == the storage length the epoch covers
+            perm = torch.cat([perm[:pos].to(value.device), value])
+        self._set_epoch(perm, pos, length)
+
+    def _set_epoch(self, perm: torch.Tensor | None, pos: int, length: int, seed: int | None = None) -> None:
+        if self._epoch_state is not None:
+            self._epoch_state.load(perm, pos, length, seed)
+        else:
+            self._perm, self._pos, self._len_storage = perm, pos, length
+
+    def _empty(self) -> None:
+        if self._epoch_state is not None:
+            self._epoch_state.reset()
+        self._pending_plan = None
+        self._perm = None
+        self._pos = 0
+        self._len_storage = 0
+        self._ran_out = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch in progress (permutation, cursor, length) and the options; for a shared sampler, a
+        consistent copy taken under its lock, even while DataLoader workers draw, and the seed its permutation
+        derives from (``_seed``, ``None`` otherwise): a shared sampler loads it without storing the
+        permutation. ``_plan`` is the plan of the DataLoader iteration drawing by number (:meth:`planned_draw`),
+        if any: a resumed iteration rejoins it."""
+        perm, pos, length, seed = self._epoch()
+        plan = self._epoch_state.plan_state() if self._epoch_state is not None else self._pending_plan
+        return {
+            "_plan": plan,
+            "_perm": None if perm is None else perm.clone(),
+            "_pos": pos,
+            "_len_storage": length,
+            "_seed": seed,
+            "_ran_out": self._ran_out,
+            "drop_last": self.drop_last,
+            "shuffle": self.shuffle,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        perm = state_dict["_perm"]
+        perm = None if perm is None else torch.as_tensor(perm).clone()
+        seed = state_dict.get("_seed")
+        self._set_epoch(perm, int(state_dict["_pos"]), int(state_dict["_len_storage"]), None if seed is None else int(seed))
+        plan = state_dict.get("_plan")
+        if self._epoch_state is not None:
+            self._epoch_state.load_plan(plan)
+        else:
+            self._pending_plan = plan
+        self._ran_out = bool(state_dict["_ran_out"])
+        self.drop_last = bool(state_dict.get("drop_last", self.drop_last))
+        self.shuffle = bool(state_dict.get("shuffle", self.shuffle))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(drop_last={self.drop_last}, shuffle={self.shuffle})"
+
+
+register_without_replacement(RandomSampler, SamplerWithoutReplacement)

@@ -1,0 +1,106 @@
+"""A tensor storage that allocates its tensors at the first write: :class:`LazyTensorStorage`.
+
+The tensors are shaped like that first write (see :class:`~torchrl.data.TensorStorage` for the data model). With
+``shared_init=True`` the first write may come from any process sharing the storage: it allocates memory-mapped
+files in a scratch directory and publishes them (:class:`~torchrl.data.replay_buffers.storages._shared_init.SharedInit`),
+and the other processes map them.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+
+import torch
+from tensordict import TensorDictBase
+
+from torchrl._validation import check_bool, check_positive_int
+from torchrl.data.replay_buffers._shared.cleanup import make_scratch_dir, remove_owned_path
+from torchrl.data.replay_buffers._shared.row_versions import RowVersions
+from torchrl.data.replay_buffers.storages._shared_init import SharedInit
+from torchrl.data.replay_buffers.storages.tensor import TensorStorage
+
+
+class LazyTensorStorage(TensorStorage):
+    """A :class:`TensorStorage` that allocates its tensors at the first write, shaped like that data.
+
+    Args:
+        max_size (int): the capacity in items (cells for ``ndim > 1``).
+
+    Keyword Args:
+        device (torch.device or str): where the data lives; ``"auto"`` takes the first datum's device.
+            Defaults to ``"cpu"``.
+        ndim (int): how many leading dims index items. Defaults to ``1``.
+        compilable (bool): accepted for TorchRL compatibility (see :class:`~torchrl.data.Storage`).
+            Defaults to ``False``.
+        shared_init (bool): let the first write come from any process that shares the storage (DataLoader
+            workers, ``multiprocessing`` children started before any write). The storage is shared from
+            construction; the first writer allocates memory-mapped files in a temporary directory that this
+            storage removes with it, and the other processes map them (a read waits for that first write).
+            Data then lives in those files on the host, whatever ``device``. Defaults to ``False``: a storage
+            shared before its first write must receive that write from the process that shared it.
+        consistent_reads (bool): see :class:`TensorStorage`. Defaults to ``True``.
+        max_string_bytes (int, optional): the width, in UTF-8 bytes, of each string entry
+            (``NonTensorData``/``NonTensorStack`` of str); longer strings are refused. ``None`` sizes each entry
+            at its first write (at least 256 bytes) and lets a private storage widen it for longer strings
+            later; a shared storage cannot widen it (see :mod:`~torchrl.data.replay_buffers.storages._nontensor`).
+            Defaults to ``None``.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data import LazyTensorStorage
+        >>> storage = LazyTensorStorage(100)
+        >>> storage.set(torch.arange(3), {"obs": torch.randn(3, 4), "reward": torch.zeros(3)})
+        >>> storage.get(torch.tensor([2, 0]))["obs"].shape
+        torch.Size([2, 4])
+
+        String entries are kept too, one per item:
+
+        >>> from tensordict import NonTensorStack, TensorDict
+        >>> storage = LazyTensorStorage(100)
+        >>> storage.set(torch.arange(2), TensorDict(obs=torch.zeros(2), text=NonTensorStack("hi", "ho"), batch_size=[2]))
+        >>> storage.get(torch.tensor([1, 0]))["text"].tolist()
+        ['ho', 'hi']
+    """
+
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        device="cpu",
+        ndim: int = 1,
+        compilable: bool = False,
+        shared_init: bool = False,
+        consistent_reads: bool = True,
+        max_string_bytes: int | None = None,
+    ):
+        self.shared_init = check_bool("shared_init", shared_init)
+        if max_string_bytes is not None:
+            self.max_string_bytes = check_positive_int("max_string_bytes", max_string_bytes)
+        if self.shared_init and device not in ("cpu", "auto", None) and torch.device(device).type != "cpu":
+            warnings.warn(
+                f"{type(self).__name__}(shared_init=True) keeps its data in memory-mapped files on the host: "
+                f"`device`={device!r} is replaced by 'cpu'. Move sampled batches with `.to(device)`.",
+                stacklevel=2,
+            )
+            device = "cpu"
+        super().__init__(
+            None, max_size=max_size, device=device, ndim=ndim, compilable=compilable, consistent_reads=consistent_reads
+        )
+        if self.shared_init:
+            self.shared_init_state = SharedInit(self._shared_init_dir())
+            self._make_shared()
+            self._versions = RowVersions(self.max_size)  # one set of row versions seen by every copy
+
+    def _shared_init_dir(self) -> str:
+        """The directory where the first writer of a ``shared_init`` storage allocates its files."""
+        path = make_scratch_dir()  # removed at exit, on SIGTERM and with this storage, by this process only
+        weakref.finalize(self, remove_owned_path, path)
+        return path
+
+    def _allocate(self, item: TensorDictBase, rows: int) -> TensorDictBase:
+        state = self.shared_init_state
+        if state is None:
+            return super()._allocate(item, rows)
+        return item.expand(rows, *item.batch_size).memmap_like(prefix=state.directory, existsok=True)
+

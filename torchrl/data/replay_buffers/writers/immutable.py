@@ -1,0 +1,35 @@
+"""The writer of a read-only buffer: :class:`ImmutableDatasetWriter`, which refuses every write."""
+
+from __future__ import annotations
+
+from torchrl.data.replay_buffers.writers.base import Writer
+
+
+class ImmutableDatasetWriter(Writer):
+    """A writer that refuses every write: for buffers over a fixed dataset.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data import ImmutableDatasetWriter, LazyTensorStorage
+        >>> writer = ImmutableDatasetWriter()
+        >>> writer.register_storage(LazyTensorStorage(10))
+        >>> writer.extend(torch.zeros(2))
+        Traceback (most recent call last):
+        ...
+        RuntimeError: This buffer is read-only (ImmutableDatasetWriter): ...
+    """
+
+    def _refuse(self):
+        raise RuntimeError(
+            "This buffer is read-only (ImmutableDatasetWriter): it does not accept add/extend/empty. Build a "
+            "buffer with writer=RoundRobinWriter() to write data."
+        )
+
+    def add(self, data):
+        self._refuse()
+
+    def extend(self, data):
+        self._refuse()
+
+    def _empty(self, empty_write_count: bool = True) -> None:
+        self._refuse()
