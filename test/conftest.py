@@ -14,7 +14,17 @@ Fixtures:
 
 - ``seed``: seeds torch's global generator (and restores its state afterwards); returns the seed.
 
-Data and component factories live in ``_helpers.py``.
+Layout: one folder per package of ``torchrl`` (``storages/``, ``samplers/``, ``writers/``, ``buffers/``,
+``checkpoint/``, ``loading/``, ``shared/``, ``hf/``, ``ray_buffer/``, ``compat/``, ...), ``project/`` for the
+project itself (architecture, docs, examples), ``data/`` for stored fixtures. The folders have no ``__init__.py``:
+pytest imports each test module by its file name, so a file name is used once in the whole tree (pytest refuses
+a second one). ``pythonpath = ["test"]`` (pyproject.toml) makes ``helpers/`` importable as ``helpers``, in this
+process and in the children it spawns (multiprocessing hands them its ``sys.path``): data and component factories
+(``helpers.factories``), assertions (``helpers.assertions``) and child-process targets (``helpers.targets``,
+``helpers.resume``, ``helpers.ranks``, ``helpers.rpc``). A test module imports from ``helpers``, never from another
+test module. No folder is named after a package a test imports: with ``test/`` on ``sys.path``, a ``test/ray/``
+folder would be imported as a namespace package ``ray`` where Ray is not installed (so ``importorskip("ray")``
+would not skip); hence ``ray_buffer/``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Writes the checkpoints under ``test/data/checkpoints_v1/`` (schema version 1) that
-``test/test_checkpoint_compat.py`` loads with the current code.
+``test/checkpoint/test_checkpoint_compat.py`` loads with the current code.
 
 They were made with the code of commit f208935 (before components owned their persistence); keep them as
 they are. Re-running this script with newer code would only prove that newer code reads its own output.
@@ -92,7 +92,9 @@ def observe(rb) -> dict:
     return out
 
 
-def main(root: str) -> None:
+def write_set(root: str, buffers, fill, observe) -> None:
+    """Fills each of ``buffers()``, dumps it under ``root/<name>``, loads it into a fresh one and records in
+    ``root/expected.json`` what ``observe`` sees of that fresh buffer."""
     expected = {}
     for name, rb in buffers().items():
         fill(name, rb)
@@ -102,6 +104,10 @@ def main(root: str) -> None:
         expected[name] = observe(fresh)
     with open(f"{root}/expected.json", "w") as f:
         json.dump(expected, f, indent=1, sort_keys=True)
+
+
+def main(root: str) -> None:
+    write_set(root, buffers, fill, observe)
 
 
 if __name__ == "__main__":

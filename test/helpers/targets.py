@@ -1,0 +1,75 @@
+"""Child-process targets: what a spawned child, a forked one or a DataLoader worker runs.
+
+They live here, not in the test modules, so that a ``spawn`` child only imports this light module (and the
+factories) to unpickle them: a target must stay importable by module name in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+
+import torch
+
+from helpers.factories import tagged_rows
+
+
+def child_read_storage(storage, queue) -> None:
+    """Sends back the content (as a list: a tensor would be lost when the child exits) and the length."""
+    try:
+        queue.put(("ok", storage.get(torch.arange(len(storage))).tolist(), len(storage)))
+    except Exception as err:  # the parent reports it
+        queue.put(("error", repr(err), -1))
+
+
+def child_sample(rb, queue) -> None:
+    """Sends back one batch of 4 sampled from a buffer received from the parent."""
+    try:
+        queue.put(("ok", rb.sample(4).tolist(), len(rb)))
+    except Exception as err:
+        queue.put(("error", repr(err), -1))
+
+
+def child_share_and_drop(rb, queue, event) -> None:
+    """Exercises a buffer shared with the parent, step by step.
+
+    Reports the length; waits for the parent to write; reports the length and content; writes ids
+    100..104 and reports the length; then drops its copy of the buffer, collects garbage and reports
+    whether the memmap directory (if any) still exists.
+    """
+    queue.put(len(rb))
+    event.wait(30)
+    queue.put((len(rb), rb[:].tolist()))
+    rb.extend(torch.arange(100, 105))
+    queue.put(len(rb))
+    path = getattr(rb.storage, "memmap_dir", None)
+    del rb
+    gc.collect()
+    queue.put(path is None or os.path.isdir(path))
+
+
+def child_write_tagged(rb, writer_id: int, batches: int, batch: int, start=None) -> None:
+    """Writes ``batches`` x ``batch`` tagged rows into ``rb``; waits for ``start`` (an Event) first."""
+    if start is not None:
+        start.wait(30)
+    for b in range(batches):
+        rb.extend(tagged_rows(writer_id, b * batch, batch))
+
+
+def child_hold_write_lock(rb, held, seconds: float) -> None:
+    """Takes the buffer's write lock, sets ``held`` and sleeps holding it (the test kills this process)."""
+    with rb.write_lock:
+        held.set()
+        time.sleep(seconds)
+
+
+def child_extend_and_report(rb, queue) -> None:
+    """Extends ``rb`` (whatever it shares with the parent) and reports the child's own view of it."""
+    rb.extend(tagged_rows(7, 0, 3))
+    queue.put((len(rb), rb.writer.cursor))
+
+
+def child_set_priority(rb, index: int, priority: float) -> None:
+    """Sets one priority of a shared prioritized buffer from another process."""
+    rb.update_priority(torch.tensor([index]), torch.tensor([priority]))
