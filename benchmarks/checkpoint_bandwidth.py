@@ -38,15 +38,15 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from _timing import ScratchDirs, child_output, has_peak_reset, median_ratio, peak_rss_added, timed  # noqa: E402
 
 from torchrl.data.replay_buffers.checkpointers import read_checkpoint, write_checkpoint  # noqa: E402
 
@@ -82,12 +82,6 @@ def _np_save(file: str, array: np.ndarray, fsync: bool) -> None:
         _fsync_path(os.path.dirname(file))
 
 
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def _bench(size: int, rounds: int, workdir: str, cold: bool) -> list[tuple[str, list[float], list[float]]]:
     tensor = torch.randint(0, 256, (size,), dtype=torch.uint8).view(torch.float32)
     array = tensor.numpy()
@@ -108,7 +102,7 @@ def _bench(size: int, rounds: int, workdir: str, cold: bool) -> list[tuple[str, 
                 lambda fsync=fsync: _np_save(np_file, array, fsync),
             ]
             order = sides if ours_first else sides[::-1]
-            times = [_timed(fn) for fn in order]
+            times = [timed(fn) for fn in order]
             record(f"dumps, fsync={fsync}", *(times if ours_first else times[::-1]))
         for name, ours_fn, np_fn in (
             ("loads", lambda: read_checkpoint(ours_path, mmap=False, progress=False), lambda: np.load(np_file)),
@@ -119,7 +113,7 @@ def _bench(size: int, rounds: int, workdir: str, cold: bool) -> list[tuple[str, 
                 if cold:
                     _evict(ours_file)
                     _evict(np_file)
-                times.append(_timed(fn))
+                times.append(timed(fn))
             record(name + (", cold" if cold else ", page cache"), *(times if ours_first else times[::-1]))
     return [(name, ours, theirs) for name, (ours, theirs) in rows.items()]
 
@@ -173,11 +167,7 @@ def _bench_buffers(size: int, rounds: int, workdir: str, cold: bool) -> list[tup
     np_files = _files_under(np_dir)
     storage_files = _files_under(os.path.join(ckpts["memmap"], "storage"))
     nbytes = sum(os.path.getsize(f) for f in storage_files)
-    scratch = []
-
-    def fresh(name: str) -> str:
-        scratch.append(os.path.join(workdir, f"{name}-{len(scratch)}"))
-        return scratch[-1]
+    scratch = ScratchDirs(workdir)
 
     def load_tensor():
         rb = ReplayBuffer(storage=LazyTensorStorage(n), batch_size=32)
@@ -187,11 +177,11 @@ def _bench_buffers(size: int, rounds: int, workdir: str, cold: bool) -> list[tup
         return [np.load(f) for f in np_files]
 
     def load_memmap():
-        rb = ReplayBuffer(storage=LazyMemmapStorage(n, scratch_dir=fresh("mm-dst")), batch_size=32)
+        rb = ReplayBuffer(storage=LazyMemmapStorage(n, scratch_dir=scratch.new("mm-dst")), batch_size=32)
         rb.loads(ckpts["memmap"])
 
     def copy_files():
-        target = fresh("copy")
+        target = scratch.new("copy")
         os.makedirs(target)
         for f in storage_files:
             shutil.copyfile(f, os.path.join(target, os.path.basename(f)))
@@ -202,14 +192,7 @@ def _bench_buffers(size: int, rounds: int, workdir: str, cold: bool) -> list[tup
     )
     rows = {name: ([], []) for name, *_ in cases}
 
-    def once(fn) -> float:
-        elapsed = _timed(fn)
-        gc.collect()  # frees the loaded buffer (and unmaps its files)
-        # removing the new files drops their dirty pages, so the next run does not pay for their writeback
-        for folder in scratch:
-            shutil.rmtree(folder, ignore_errors=True)
-        scratch.clear()
-        return elapsed
+    once = scratch.timed  # frees the loaded buffer and removes its new files after each run
 
     def run(fn, files) -> float:
         """Warm: the second of two runs in a row. Cold: one run after evicting the files it reads."""
@@ -232,29 +215,24 @@ def _bench_buffers(size: int, rounds: int, workdir: str, cold: bool) -> list[tup
 
 def _rss_child(side: str, source: str, target: str, size: int) -> None:
     """Runs in a fresh process: prints the peak RSS (bytes) added by dumping a memmap of ``source``."""
-
-    def hwm() -> int:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-
     if side == "ours":
         from tensordict import MemoryMappedTensor
 
         mapped = MemoryMappedTensor.from_filename(source, torch.uint8, (size,))
     else:
         mapped = np.memmap(source, dtype=np.uint8, mode="r+", shape=(size,))
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    base = hwm()
-    if side == "ours":
-        write_checkpoint(target, {"x": mapped}, {}, fsync=False, progress=False)
-    else:
-        np.save(target, mapped)
-    print(hwm() - base)
+
+    def dump() -> None:
+        if side == "ours":
+            write_checkpoint(target, {"x": mapped}, {}, fsync=False, progress=False)
+        else:
+            np.save(target, mapped)
+
+    print(peak_rss_added(dump).rss)
 
 
 def _peak_rss(size: int, workdir: str) -> dict[str, int] | None:
-    if not os.path.exists("/proc/self/clear_refs"):
+    if not has_peak_reset():
         return None
     source = os.path.join(workdir, "source.memmap")
     with open(source, "wb") as f:
@@ -264,10 +242,8 @@ def _peak_rss(size: int, workdir: str) -> dict[str, int] | None:
         f.write(block[: size % (1 << 20)])
     out = {}
     for side, target in (("ours", "rss_ckpt"), ("numpy", "rss.npy")):
-        cmd = [sys.executable, os.path.abspath(__file__), "--rss-child", side, source]
-        cmd += [os.path.join(workdir, target), str(size)]
-        result = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        out[side] = int(result.stdout.strip().splitlines()[-1])
+        out[side] = int(child_output([os.path.abspath(__file__), "--rss-child", side, source,
+                                      os.path.join(workdir, target), str(size)]))
     return out
 
 
@@ -285,14 +261,8 @@ def _buffer_rss_child(size: int, workdir: str) -> None:
     for start in range(0, n, chunk):
         k = min(chunk, n - start)
         rb.extend(TensorDict(pixels=torch.randint(0, 256, (k, 3, 96, 96), dtype=torch.uint8), batch_size=[k]))
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    with open("/proc/self/status") as f:
-        base = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-    rb.dumps(os.path.join(workdir, "rb_ckpt"), fsync=False)
-    with open("/proc/self/status") as f:
-        peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-    print(n * frame, peak - base)
+    added = peak_rss_added(lambda: rb.dumps(os.path.join(workdir, "rb_ckpt"), fsync=False)).rss
+    print(n * frame, added)
 
 
 def main(argv=None) -> None:
@@ -314,9 +284,8 @@ def main(argv=None) -> None:
     if args.buffer_rss_mb:
         workdir = tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir)
         try:
-            cmd = [sys.executable, os.path.abspath(__file__), "--buffer-rss-child", str(args.buffer_rss_mb << 20),
-                   workdir]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()
+            out = child_output([os.path.abspath(__file__), "--buffer-rss-child", str(args.buffer_rss_mb << 20),
+                                workdir]).split()
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         size, added = int(out[-2]), int(out[-1])
@@ -346,7 +315,7 @@ def main(argv=None) -> None:
     table += [(name, ours, theirs, nbytes, "numpy.load" if "Tensor" in name else "shutil.copyfile")
               for name, ours, theirs, nbytes in buffer_rows]
     for name, ours, theirs, nbytes, reference in table:
-        ratio = statistics.median(t / o for o, t in zip(ours, theirs))
+        ratio = median_ratio(theirs, ours)
         bw_ours, bw_ref = (nbytes / 1e6 / statistics.median(t) for t in (ours, theirs))
         target = None if "map only" in name else BUFFER_TARGETS.get(name, TARGET)
         if "rb.loads" in name and not args.cold:

@@ -53,12 +53,14 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import itertools
 import os
 import statistics
 import sys
 import time
 
 import torch
+from _timing import median_ratio, rate, timed
 from tensordict import TensorDict
 from torch.utils.data import DataLoader, Dataset
 
@@ -90,11 +92,7 @@ def rate_in_process(rb, seconds: float, threads: int = 1) -> float:
     torch.set_num_threads(threads)
     try:
         rb.sample()
-        n, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            rb.sample()
-            n += 1
-        return n / (time.perf_counter() - start)
+        return rate(rb.sample, seconds)
     finally:
         torch.set_num_threads(previous)
 
@@ -107,16 +105,7 @@ def rate_loader(rb, workers: int, seconds: float, transport: str = "ring") -> fl
     it = iter(loader)
     for _ in range(max(2, 2 * workers)):  # warm up: workers started and queues full
         next(it)
-    return _rate(it, seconds)
-
-
-def _rate(it, seconds: float) -> float:
-    """Items per second drawn from the (warmed-up) iterator ``it`` for ``seconds``."""
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        next(it)
-        n += 1
-    return n / (time.perf_counter() - start)
+    return rate(it.__next__, seconds)
 
 
 class _PerItem(Dataset):
@@ -134,23 +123,13 @@ class _PerItem(Dataset):
 
 def rate_storage_dataset(dataset, batch_size: int, seconds: float) -> float:
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, collate_fn=tensordict_collate, drop_last=True)
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        for _ in loader:
-            n += 1
-            if time.perf_counter() - start >= seconds:
-                break
-    return n / (time.perf_counter() - start)
+    batches = (batch for _ in itertools.count() for batch in loader)  # epoch after epoch
+    return rate(batches.__next__, seconds)
 
 
 def sample_time_us(rb, seconds: float) -> float:
     rb.sample()
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        for _ in range(10):
-            rb.sample()
-        n += 10
-    return (time.perf_counter() - start) / n * 1e6
+    return 1e6 / rate(rb.sample, seconds, chunk=10)
 
 
 def core_data(n: int) -> TensorDict:
@@ -177,7 +156,7 @@ def transport_table(frames_rb, seconds: float, rounds: int, workers: int = 2) ->
     for case in cases:
         for label, transport in TRANSPORTS:
             cell = ms[(case, transport)]
-            vs = [statistics.median(x / b for x, b in zip(cell, ms[(case, base)])) for base in ("torch", "consolidated")]
+            vs = [median_ratio(cell, ms[(case, base)]) for base in ("torch", "consolidated")]
             median = statistics.median(cell)
             print(f"{case:>24} {f'({label}) {transport}':>18} {median:>9.2f} {1e3 / median:>10.1f} "
                   f"{vs[0]:>6.2f}x {vs[1]:>6.2f}x")
@@ -197,7 +176,7 @@ def consistent_reads_table(frames_rb, seconds: float, rounds: int) -> None:
     print(f"{'case':>30} {'on':>10} {'off':>10} {'ratio':>7}")
     for case in ("core in-process, us/batch", "frames 2 workers, batches/s"):
         on, off = cells[(case, True)], cells[(case, False)]
-        ratio = statistics.median(a / b for a, b in zip(on, off))
+        ratio = median_ratio(on, off)
         print(f"{case:>30} {statistics.median(on):>10.1f} {statistics.median(off):>10.1f} {ratio:>6.3f}x")
 
 
@@ -257,7 +236,7 @@ def rate_grid_cell(rb, workers: int, threads: int, method: str | None, seconds: 
             del it, loader
             gc.collect()
             return None
-        return _rate(it, seconds)
+        return rate(it.__next__, seconds)
     finally:
         torch.set_num_threads(previous)
 
@@ -265,9 +244,7 @@ def rate_grid_cell(rb, workers: int, threads: int, method: str | None, seconds: 
 def _calibrate_python_loops(ms: float) -> int:
     work, loops = PythonWork(100_000), 100_000
     td = TensorDict(batch_size=[])
-    start = time.perf_counter()
-    work(td)
-    return max(1000, int(loops * ms / 1e3 / (time.perf_counter() - start)))
+    return max(1000, int(loops * ms / 1e3 / timed(lambda: work(td))))
 
 
 def grid_table(frames_rb, seconds: float, rounds: int, workers: list[int], threads: list[int],
@@ -303,7 +280,7 @@ def grid_table(frames_rb, seconds: float, rounds: int, workers: list[int], threa
                     if any(r is None for r in got):
                         row.append(f"{'refused':>20}")
                         continue
-                    ratio = (f"{statistics.median(r / b for r, b in zip(got, base)):.2f}x" if base else "")
+                    ratio = f"{median_ratio(got, base):.2f}x" if base else ""
                     row.append(f"{statistics.median(got):>11.1f} {ratio:>8}")
                 print(f"{workload:>9} {w:>8} {t:>8} " + " ".join(row))
 
@@ -335,11 +312,7 @@ def rate_stateful_in_process(rb, seconds: float) -> float:
     td_error = torch.rand(rb.batch_size)
     try:
         _learner_step(rb, rb.sample(), td_error)
-        n, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            _learner_step(rb, rb.sample(), td_error)
-            n += 1
-        return n / (time.perf_counter() - start)
+        return rate(lambda: _learner_step(rb, rb.sample(), td_error), seconds)
     finally:
         torch.set_num_threads(previous)
 
@@ -353,13 +326,9 @@ def rate_stateful_loader(rb, workers: int, seconds: float) -> float:
     it = iter(loader)
     for _ in range(max(2, 2 * workers)):  # warm up: workers started and queues full
         _learner_step(rb, next(it), td_error)
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        _learner_step(rb, next(it), td_error)
-        n += 1
-    elapsed = time.perf_counter() - start
+    batches_per_second = rate(lambda it=it: _learner_step(rb, next(it), td_error), seconds)
     del it
-    return n / elapsed
+    return batches_per_second
 
 
 STATEFUL_TARGETS = {1: 0.9, 2: 1.6}
@@ -382,7 +351,7 @@ def stateful_table(frames_storage, seconds: float, rounds: int, workers: tuple[i
         print(f"{kind:>20} {'R1':>8} {statistics.median(r1):>10.1f} {'':>7} {'':>7}")
         for w in workers:
             cell = cells[(kind, f"{w}")]
-            ratio = statistics.median(x / r for x, r in zip(cell, r1))
+            ratio = median_ratio(cell, r1)
             target = STATEFUL_TARGETS.get(w)
             shown = "" if target is None else f"{target:.1f}x"
             print(f"{kind:>20} {w:>8} {statistics.median(cell):>10.1f} {ratio:>6.2f}x {shown:>7}")
@@ -395,12 +364,7 @@ def _sampler_step_us(sampler, storage, batch: int, td_error, seconds: float) -> 
             sampler.update_priority(index, td_error)
 
     step()
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        for _ in range(20):
-            step()
-        n += 20
-    return (time.perf_counter() - start) / n * 1e6
+    return 1e6 / rate(step, seconds, chunk=20)
 
 
 def shared_sampler_cost_table(seconds: float, rounds: int, entries: int = 100_000, batch: int = 256) -> None:
@@ -430,7 +394,7 @@ def shared_sampler_cost_table(seconds: float, rounds: int, entries: int = 100_00
     print(f"{'sampler':>20} {'private us':>11} {'shared us':>10} {'ratio':>7}")
     for kind in STATEFUL_KINDS:
         private, shared = cells[(kind, False)], cells[(kind, True)]
-        ratio = statistics.median(s / p for s, p in zip(shared, private))
+        ratio = median_ratio(shared, private)
         print(f"{kind:>20} {statistics.median(private):>11.1f} {statistics.median(shared):>10.1f} {ratio:>6.2f}x")
 
 
@@ -491,7 +455,7 @@ def main() -> None:
         per_round.append((fast, slow))
     fast = statistics.median(f for f, _ in per_round)
     slow = statistics.median(s for _, s in per_round)
-    ratio = statistics.median(f / s for f, s in per_round)
+    ratio = median_ratio([f for f, _ in per_round], [s for _, s in per_round])
     print(f"\nStorageDataset batch 256: {fast:.1f} batches/s; per-item __getitem__: {slow:.1f} batches/s; "
           f"speed-up {ratio:.1f}x (median of per-round ratios)")
     transport_table(rb, args.seconds, args.rounds)

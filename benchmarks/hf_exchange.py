@@ -37,17 +37,15 @@ import gc
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from _timing import ScratchDirs, child_output, has_peak_reset, median_ratio, peak_rss_added  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer  # noqa: E402
@@ -69,12 +67,6 @@ def transitions(size: int) -> TensorDict:
     )
 
 
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def bench(size: int, rounds: int, workdir: str, only: str | None = None) -> tuple[list, int]:
     import datasets
 
@@ -91,16 +83,12 @@ def bench(size: int, rounds: int, workdir: str, only: str | None = None) -> tupl
     ckpt = os.path.join(workdir, "ckpt")
     rb.dumps(ckpt, fsync=False)
     shutil.rmtree(os.path.join(workdir, "probe"))
-    scratch: list[str] = []
-
-    def fresh(name: str) -> str:
-        scratch.append(os.path.join(workdir, f"{name}-{len(scratch)}"))
-        return scratch[-1]
+    scratch = ScratchDirs(workdir)
 
     sides = {
-        "export": lambda: rb.export_hf(fresh("export"), fsync=False),
-        "datasets": lambda: datasets.Dataset.from_dict(arrays, features=features).save_to_disk(fresh("plain")),
-        "rb.dumps": lambda: rb.dumps(fresh("dumps"), fsync=False),
+        "export": lambda: rb.export_hf(scratch.new("export"), fsync=False),
+        "datasets": lambda: datasets.Dataset.from_dict(arrays, features=features).save_to_disk(scratch.new("plain")),
+        "rb.dumps": lambda: rb.dumps(scratch.new("dumps"), fsync=False),
         "import": lambda: ReplayBuffer.from_hf(export_src, storage=LazyTensorStorage(n)),
         "rb.loads": lambda: ReplayBuffer(storage=LazyTensorStorage(n), batch_size=32).loads(ckpt),
         "datasets numpy": lambda: datasets.load_from_disk(export_src).with_format("numpy")[:],
@@ -116,12 +104,7 @@ def bench(size: int, rounds: int, workdir: str, only: str | None = None) -> tupl
         sides = {name: fn for name, fn in sides.items() if any(name in case[1:] for case in cases)}
 
     def once(name: str) -> float:
-        elapsed = _timed(sides[name])
-        gc.collect()
-        for folder in scratch:  # dropping the new files spares the next side their writeback
-            shutil.rmtree(folder, ignore_errors=True)
-        scratch.clear()
-        return elapsed
+        return scratch.timed(sides[name])  # then drops the new files: spares the next side their writeback
 
     for name in sides:  # warm-up: imports, page cache
         once(name)
@@ -133,11 +116,6 @@ def bench(size: int, rounds: int, workdir: str, only: str | None = None) -> tupl
             rows[case][0].append(times[ours])
             rows[case][1].append(times[ref])
     return [(case, *times) for case, times in rows.items()], nbytes
-
-
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
 
 
 def rss_child(size: int, workdir: str) -> None:
@@ -152,26 +130,8 @@ def rss_child(size: int, workdir: str) -> None:
         rb.extend(TensorDict(pixels=torch.randint(0, 256, (k, 3, 96, 96), dtype=torch.uint8),
                              action=torch.randn(k, 4), batch_size=[k]))  # fmt: skip
     gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    base_hwm, base_anon = _status("VmHWM"), _status("RssAnon")
-    peak_anon = [base_anon]
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak_anon[0] = max(peak_anon[0], _status("RssAnon"))
-            time.sleep(0.005)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    start = time.perf_counter()
-    rb.export_hf(os.path.join(workdir, "export"), fsync=False)
-    elapsed = time.perf_counter() - start
-    stop.set()
-    sampler.join()
-    peak_anon[0] = max(peak_anon[0], _status("RssAnon"))
-    print(n * (frame + 16), _status("VmHWM") - base_hwm, peak_anon[0] - base_anon, elapsed)
+    added = peak_rss_added(lambda: rb.export_hf(os.path.join(workdir, "export"), fsync=False), anonymous=True)
+    print(n * (frame + 16), added.rss, added.anonymous, added.seconds)
 
 
 def main(argv=None) -> None:
@@ -189,12 +149,12 @@ def main(argv=None) -> None:
         rss_child(int(args.rss_child[0]), args.rss_child[1])
         return
     if args.rss_gb is not None:
-        if args.rss_gb <= 0 or not os.path.exists("/proc/self/clear_refs"):
+        if args.rss_gb <= 0 or not has_peak_reset():
             parser.error("`--rss-gb` must be positive, on Linux (it reads /proc/self/status).")
         workdir = tempfile.mkdtemp(prefix="hf-bench-", dir=args.dir)
         try:
-            cmd = [sys.executable, os.path.abspath(__file__), "--rss-child", str(int(args.rss_gb * 2**30)), workdir]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()
+            out = child_output([os.path.abspath(__file__), "--rss-child", str(int(args.rss_gb * 2**30)),
+                                workdir]).split()
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         size, hwm, anon, elapsed = int(out[-4]), int(out[-3]), int(out[-2]), float(out[-1])
@@ -214,7 +174,7 @@ def main(argv=None) -> None:
     print(f"\n{nbytes / 2**20:.0f} MiB of transitions, {args.rounds} rounds, in {args.dir or tempfile.gettempdir()}")
     print(f"{'row':<26} {'ours MB/s':>10} {'ref MB/s':>9} {'ratio':>7} {'target':>7}  ok")
     for case, ours, ref in rows:
-        ratio = statistics.median(t / o for o, t in zip(ours, ref))
+        ratio = median_ratio(ref, ours)
         bw_ours, bw_ref = (nbytes / 1e6 / statistics.median(t) for t in (ours, ref))
         target = TARGETS.get(case)
         check = "-" if target is None else "yes" if ratio >= target else "NO"

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
+from _timing import interleaved, median_ratio
 from tensordict import TensorDict
 
 from torchrl.data import (
@@ -66,21 +66,9 @@ def _buffer(storage, data, batch: int) -> ReplayBuffer:
     return rb
 
 
-def _time(fn, number: int) -> float:
-    start = time.perf_counter()
-    for _ in range(number):
-        fn()
-    return (time.perf_counter() - start) / number
-
-
 def _interleaved(a, b, *, rounds: int, number: int) -> tuple[float, float, float]:
-    a_s, b_s, ratios = [], [], []
-    for _ in range(rounds):
-        ta, tb = _time(a, number), _time(b, number)
-        a_s.append(ta)
-        b_s.append(tb)
-        ratios.append(tb / ta)
-    return statistics.median(a_s) * 1e6, statistics.median(b_s) * 1e6, statistics.median(ratios)
+    a_s, b_s = interleaved(a, b, rounds=rounds, number=number)
+    return statistics.median(a_s) * 1e6, statistics.median(b_s) * 1e6, median_ratio(b_s, a_s)
 
 
 def main(argv=None) -> None:

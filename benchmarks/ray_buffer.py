@@ -29,12 +29,12 @@ import argparse
 import functools
 import os
 import statistics
-import time
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # before ray is imported
 
 import ray  # noqa: E402
 import torch  # noqa: E402
+from _timing import median_ratio, rate  # noqa: E402  (same folder)
 from dataloader_workers import core_data, make_buffer, rate_in_process  # noqa: E402  (same folder)
 from tensordict import TensorDict  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
@@ -51,11 +51,7 @@ from torchrl.envs.transforms import Resize  # noqa: E402
 
 def rate_sample(rb, seconds: float) -> float:
     rb.sample()
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        rb.sample()
-        n += 1
-    return n / (time.perf_counter() - start)
+    return rate(rb.sample, seconds)
 
 
 @ray.remote(num_cpus=0)
@@ -88,7 +84,7 @@ def sample_table(n: int, seconds: float, rounds: int) -> None:
           f"median of per-round ratios)")
     print(f"{'option':>22} {'batches/s':>10} {'vs (a)':>7}")
     for name, cell in cells.items():
-        ratio = statistics.median(x / a for x, a in zip(cell, cells["(a) in-process"]))
+        ratio = median_ratio(cell, cells["(a) in-process"])
         print(f"{name:>22} {statistics.median(cell):>10.1f} {ratio:>6.2f}x")
 
 
@@ -116,11 +112,7 @@ def _loader(rb: RayReplayBuffer, workers: int, prefetch: int, batches_per_call: 
 def rate_iterator(it, workers: int, seconds: float) -> float:
     for _ in range(4 * workers):  # drain what was queued while another option was measured
         next(it)
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        next(it)
-        n += 1
-    return n / (time.perf_counter() - start)
+    return rate(it.__next__, seconds)
 
 
 def _config_name(workers: int, prefetch: int, batches_per_call: int) -> str:
@@ -148,7 +140,7 @@ def dataset_table(size: int, seconds: float, rounds: int, workers: list[int],
     print(f"{'R1 (local, 1 thread)':>30} {statistics.median(cells['R1']):>10.1f} {'1.00x':>7}")
     for option in options:
         cell = cells[_config_name(*option)]
-        ratio = statistics.median(x / r for x, r in zip(cell, cells["R1"]))
+        ratio = median_ratio(cell, cells["R1"])
         print(f"{_config_name(*option):>30} {statistics.median(cell):>10.1f} {ratio:>6.2f}x")
 
 

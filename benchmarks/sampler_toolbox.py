@@ -30,10 +30,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
+from _timing import interleaved, median_ratio
 from tensordict import TensorDict
 
 from torchrl.data import LazyTensorStorage, RandomSampler
@@ -167,27 +167,13 @@ def cases(storage) -> tuple[list[Case], list[str]]:
     return out, notes
 
 
-def _us_per_call(fn, number: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(number):
-        fn()
-    return (time.perf_counter() - t0) / number * 1e6
-
-
 def measure(storage, case: Case, *, rounds: int, number: int) -> tuple[float, float, float]:
     """Median us of RandomSampler's and the case's full draw, and the median of the per-round ratios."""
     baseline = _full_draw(_seeded(RandomSampler()), storage)
     case.refill()
     case.draw(), baseline()  # warm-up (caches, first allocation)
-    base_us, case_us, ratios = [], [], []
-    for _ in range(rounds):
-        case.refill()
-        a = _us_per_call(baseline, number)
-        b = _us_per_call(case.draw, number)
-        base_us.append(a)
-        case_us.append(b)
-        ratios.append(b / a)
-    return statistics.median(base_us), statistics.median(case_us), statistics.median(ratios)
+    base_s, case_s = interleaved(baseline, case.draw, rounds=rounds, number=number, before_round=case.refill)
+    return statistics.median(base_s) * 1e6, statistics.median(case_s) * 1e6, median_ratio(case_s, base_s)
 
 
 def main(argv=None) -> None:

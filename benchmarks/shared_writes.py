@@ -25,9 +25,8 @@ import json
 import multiprocessing as mp
 import os
 import statistics
-import subprocess
-import sys
-import time
+
+from _timing import child_output, median_ratio, rate
 
 CAPACITY = 100_000
 STORAGES = ("lazy", "lazy-shared", "memmap")
@@ -67,12 +66,7 @@ def rows_per_second(rb, batch: int, seconds: float) -> float:
     data = make_rows(batch)
     for _ in range(20):
         rb.extend(data)
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        for _ in range(20):
-            rb.extend(data)
-        n += 20
-    return n * batch / (time.perf_counter() - start)
+    return rate(lambda: rb.extend(data), seconds, chunk=20) * batch
 
 
 def _writer(rb, batch: int, seconds: float, start, queue) -> None:
@@ -114,11 +108,7 @@ def _run_in(tree: str, storage: str, batch: int, seconds: float) -> float:
         "print(json.dumps(b._single_cell(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))))"
     )
     here = os.path.dirname(os.path.abspath(__file__))
-    out = subprocess.run(
-        [sys.executable, "-c", code, here, storage, str(batch), str(seconds)],
-        env=env, check=True, capture_output=True, text=True, cwd=tree,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(child_output(["-c", code, here, storage, str(batch), str(seconds)], env=env, cwd=tree))
 
 
 def main() -> None:
@@ -153,7 +143,7 @@ def main() -> None:
             line = f"{storage:>12} {batch:>6} {statistics.median(new):>12,.0f}"
             if args.before:
                 old = single[(storage, batch, "old")]
-                ratio = statistics.median(n / o for n, o in zip(new, old))
+                ratio = median_ratio(new, old)
                 line += f" {statistics.median(old):>12,.0f} {ratio:>10.2f}x"
             print(line)
 
@@ -167,9 +157,9 @@ def main() -> None:
                     one = multi_writer_rate(storage, 1, batch, args.seconds)
                     many = multi_writer_rate(storage, writers, batch, args.seconds)
                     pairs.append((one, many))
-                rate = statistics.median(m for _, m in pairs)
-                ratio = statistics.median(m / o for o, m in pairs)
-                print(f"{storage:>12} {batch:>6} {writers:>8} {rate:>12,.0f} {ratio:>11.2f}x")
+                total = statistics.median(m for _, m in pairs)
+                ratio = median_ratio([m for _, m in pairs], [o for o, _ in pairs])
+                print(f"{storage:>12} {batch:>6} {writers:>8} {total:>12,.0f} {ratio:>11.2f}x")
 
 
 if __name__ == "__main__":

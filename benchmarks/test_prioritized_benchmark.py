@@ -31,6 +31,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from _timing import interleaved, median_ratio, repeat
 from tensordict import TensorDict
 
 from torchrl.data import PrioritizedReplayBuffer, ReplayBuffer
@@ -148,26 +149,14 @@ def test_sum_tree_update_and_search(benchmark):
     assert found.shape == (BATCH,) and found.max() < TREE_CAPACITY
 
 
-def _us_per_call(fn, number: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(number):
-        fn()
-    return (time.perf_counter() - t0) / number * 1e6
-
-
 def _interleaved(pairs, *, rounds: int, number: int = 200) -> list[tuple[str, float, str, float, float]]:
-    """For each ``(name_a, fn_a, name_b, fn_b)``: medians over ``rounds`` rounds that time ``fn_a`` then
-    ``fn_b`` (``number`` calls each), and the median of the per-round ratios ``b / a``."""
+    """For each ``(name_a, fn_a, name_b, fn_b)``: median microseconds over ``rounds`` rounds that time
+    ``fn_a`` then ``fn_b`` (``number`` calls each), and the median of the per-round ratios ``b / a``."""
     results = []
     for name_a, fn_a, name_b, fn_b in pairs:
-        a_us, b_us, ratios = [], [], []
-        for _ in range(rounds):
-            a, b = _us_per_call(fn_a, number), _us_per_call(fn_b, number)
-            a_us.append(a)
-            b_us.append(b)
-            ratios.append(b / a)
-        a, b, ratio = (statistics.median(values) for values in (a_us, b_us, ratios))
-        results.append((name_a, a, name_b, b, ratio))
+        a_s, b_s = interleaved(fn_a, fn_b, rounds=rounds, number=number)
+        results.append((name_a, statistics.median(a_s) * 1e6, name_b, statistics.median(b_s) * 1e6,
+                        median_ratio(b_s, a_s)))
     return results
 
 
@@ -199,7 +188,7 @@ def _breakdown(sampler, storage, td_error, steps: int = 2000) -> tuple[float, fl
 
 def _tree_us() -> float:
     tree, rng = _filled_tree(TREE_CAPACITY), np.random.default_rng(1)
-    return statistics.median(_us_per_call(lambda: _tree_step(tree, rng), 200) for _ in range(7))
+    return statistics.median(repeat(lambda: _tree_step(tree, rng), 7, 200)) * 1e6
 
 
 def main() -> None:

@@ -33,9 +33,9 @@ import itertools
 import os
 import statistics
 import sys
-import time
 
 import torch
+from _timing import interleaved, median_ratio
 from tensordict import TensorDict
 
 try:  # the script mode runs without pytest
@@ -179,28 +179,14 @@ if pytest is not None:
 # -- script: the ratio targets ------------------------------------------------------------------------------------
 
 
-def _time(fn, reps: int) -> float:
-    start = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - start) / reps
-
-
 def compare(candidate, baseline, *, rounds: int, reps: int) -> tuple[float, float, float]:
     """Median per-call seconds of both sides and the median of per-round ratios, interleaved."""
     for _ in range(3):  # warm up both sides
         candidate()
         baseline()
-    a_times, b_times, ratios = [], [], []
-    for r in range(rounds):
-        if r % 2:  # alternate which side goes first
-            b, a = _time(baseline, reps), _time(candidate, reps)
-        else:
-            a, b = _time(candidate, reps), _time(baseline, reps)
-        a_times.append(a)
-        b_times.append(b)
-        ratios.append(a / b)
-    return statistics.median(a_times), statistics.median(b_times), statistics.median(ratios)
+    # the side that goes first alternates round by round
+    a_times, b_times = interleaved(candidate, baseline, rounds=rounds, number=reps, alternate=True)
+    return statistics.median(a_times), statistics.median(b_times), median_ratio(a_times, b_times)
 
 
 def run_targets(entries: int, frames_n: int, rounds: int, reps: int = 20) -> list[dict]:
