@@ -1,4 +1,4 @@
-"""The list of every example script, with the arguments of its smoke run (walked by test/test_examples.py).
+"""The list of every example script, with the arguments of its smoke run (walked by test/project/test_examples.py).
 
 Every ``examples/**/*.py`` file is either in :data:`EXAMPLES` (CI runs it with its smoke arguments in a
 subprocess and expects exit code 0 within the timeout) or in :data:`EXCLUDED` with the reason it is not run.
