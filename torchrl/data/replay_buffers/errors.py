@@ -71,3 +71,316 @@ class EpochEnded(Exception):
 
 class RingGoneError(RuntimeError):
     """A ring message arrived after the worker that wrote it exited (before this process mapped its ring)."""
+
+
+# --- TorchRL's phrases -------------------------------------------------------------------------------------------
+# Code written for TorchRL matches some of its error and warning texts with ``re.search`` (``pytest.raises(match=)``,
+# ``except ... if "..." in str(err)``). Our messages keep their own wording, which says what was received and what
+# to do, and contain TorchRL's phrase verbatim. Each situation is one entry below: the phrase, the type TorchRL
+# raises (ours may subclass it) and the whole message, so no phrase or advice is written twice.
+
+
+class TorchRLPhrase:
+    """One situation in which TorchRL's message carries a phrase user code matches.
+
+    Args:
+        type: the exception (or warning) class raised; TorchRL's type or a subclass of it.
+        phrase: the regular expression TorchRL's message matches (``re.search``), as TorchRL's tests write it.
+        message: our message, a :meth:`str.format` template that contains ``phrase``; its fields are the situation's
+            details (what was received), passed to :func:`torchrl_error` / :func:`torchrl_warning`.
+    """
+
+    __slots__ = ("type", "phrase", "message")
+
+    def __init__(self, type: type, phrase: str, message: str):
+        self.type, self.phrase, self.message = type, phrase, message
+
+    def format(self, **fields) -> str:
+        """The message with ``fields`` filled in."""
+        return self.message.format(**fields)
+
+    def __repr__(self) -> str:
+        return f"TorchRLPhrase({self.type.__name__}, {self.phrase!r})"
+
+
+#: Every situation whose message carries a TorchRL phrase, by key. Tests check each phrase against its message and
+#: trigger each situation (test/compat/test_torchrl_phrases.py).
+TORCHRL_PHRASES: dict[str, TorchRLPhrase] = {
+    # writers
+    "max_value_writer_data": TorchRLPhrase(
+        RuntimeError,
+        "expects data to be a tensor collection",
+        "{cls} expects data to be a tensor collection (a TensorDict or a tensorclass holding the rank key), got "
+        "{got}. Wrap the data in a TensorDict with the rank entry, or use a RoundRobinWriter for tensors and "
+        "pytrees.",
+    ),
+    "max_value_writer_spawn": TorchRLPhrase(
+        RuntimeError,
+        "cannot be shared between processes",
+        "A {cls} cannot be shared between processes: its top-k decisions are not synchronized across processes. "
+        "Write from one process: use num_workers=0, or the 'fork' start method for DataLoader workers that only "
+        "sample, or a RoundRobinWriter.",
+    ),
+    # buffers
+    "drop_last_batch_size": TorchRLPhrase(
+        ValueError,
+        "Samplers with drop_last=True must work with a predictable batch-size",
+        "Samplers with drop_last=True must work with a predictable batch-size: {sampler} drops the last "
+        "incomplete batch, which needs the batch size when the buffer is built. Pass batch_size=... to the "
+        "buffer, or build the sampler with drop_last=False.",
+    ),
+    "iterate_without_batch_size": TorchRLPhrase(
+        RuntimeError,
+        "Cannot iterate over the replay buffer. Batch_size was not specified",
+        "Cannot iterate over the replay buffer. Batch_size was not specified when the buffer was built, so an "
+        "iteration does not know how much to draw. Build the buffer with batch_size=..., or call "
+        "rb.sample(batch_size) in a loop.",
+    ),
+    "sample_without_batch_size": TorchRLPhrase(
+        RuntimeError,
+        "batch_size not specified",
+        "batch_size not specified: neither sample() nor the buffer got one. Call rb.sample(batch_size), or build "
+        "the buffer with batch_size=...",
+    ),
+    "prefetch_shared": TorchRLPhrase(
+        ValueError,
+        "Cannot share prefetched replay buffers.*prefetch=0.*shared=False",
+        "Cannot share prefetched replay buffers (got prefetch={prefetch}, shared=True): prefetched batches are "
+        "drawn in one process and cannot be split between processes. Pass prefetch=0 to share the buffer, or "
+        "shared=False to prefetch.",
+    ),
+    "prefetch_capacity": TorchRLPhrase(
+        ValueError,
+        "prefetch queue with capacity {saved}",
+        "The state holds a prefetch queue with capacity {saved}; this buffer prefetches {ours}. Build the buffer "
+        "with prefetch={saved} to load it. Nothing was loaded.",
+    ),
+    "transform_write_state": TorchRLPhrase(
+        RuntimeError,
+        "write state",
+        "{cls} keeps a write state (requires_shared_write_state=True) but has no share_memory_() method, so "
+        "processes sharing this buffer would each update a private copy. Give the transform a share_memory_() "
+        "method that moves its write state to shared memory, or use the buffer in one process (shared=False).",
+    ),
+    "add_batched": TorchRLPhrase(
+        UserWarning,
+        r"Using `add\(\)` with a TensorDict that has batch_size",
+        "Using `add()` with a TensorDict that has batch_size {batch_size}: the whole TensorDict is stored as one "
+        "item. Use `extend()` to store its {n} elements as separate items.",
+    ),
+    # update_if_present
+    "conditional_unsupported": TorchRLPhrase(
+        RuntimeError,
+        "(?i)conditional",
+        "update_if_present (a conditional update) needs {needs}; {got}. {fix}",
+    ),
+    "conditional_dotted_key": TorchRLPhrase(
+        ValueError,
+        "Dotted-string",
+        "Dotted-string keys are not nested keys: version_key={key!r}. Pass the nested key as a tuple, e.g. "
+        "{suggested!r}.",
+    ),
+    "conditional_version_in_patch": TorchRLPhrase(
+        ValueError,
+        "may not appear in patch",
+        "version_key={key!r} may not appear in patch: update_if_present writes the version itself. Remove it "
+        "from patch and pass the new version with version=...",
+    ),
+    # consuming sampler
+    "consumed_empty": TorchRLPhrase(
+        RuntimeError,
+        "Cannot sample from an empty storage",
+        "Cannot sample from an empty storage: {why}. Extend the buffer before sampling again.",
+    ),
+    "consuming_prefetch": TorchRLPhrase(
+        ValueError,
+        "Prefetching is not supported",
+        "Prefetching is not supported with consume_after_n_samples (got prefetch={prefetch}): a prefetched batch "
+        "would consume items before they are returned. Pass prefetch=0 or drop consume_after_n_samples.",
+    ),
+    "consuming_sampler": TorchRLPhrase(
+        ValueError,
+        "only supports the default RandomSampler",
+        "consume_after_n_samples only supports the default RandomSampler, got {sampler}. Drop the sampler "
+        "argument (a ConsumingSampler is built for you), or drop consume_after_n_samples.",
+    ),
+    "consuming_ndim": TorchRLPhrase(
+        ValueError,
+        "1-dimensional storages",
+        "{cls} works on 1-dimensional storages, got a storage with ndim={ndim}. Use a storage built with ndim=1.",
+    ),
+    "consuming_writer": TorchRLPhrase(
+        TypeRuntimeError,
+        "requires a writer with a callable",
+        "{cls} requires a writer with a callable `write_at(index, data)` to refill consumed slots, got {writer}. "
+        "Use a RoundRobinWriter (the default).",
+    ),
+    # other samplers
+    "without_replacement_batch": TorchRLPhrase(
+        ValueError,
+        "The batch size .* is greater than the storage capacity",
+        "The batch size {batch_size} is greater than the storage capacity {size} and drop_last=True, so no batch "
+        "can be drawn. Sample at most {size} items, extend the buffer, or build the sampler with drop_last=False.",
+    ),
+    "alpha_negative": TorchRLPhrase(
+        ValueError,
+        "alpha must be greater or equal",
+        "alpha must be greater or equal to 0, got alpha={alpha!r}. Pass 0 for uniform sampling or a positive "
+        "exponent (0.6 or 0.7 are common).",
+    ),
+    "alpha_leaves_zero": TorchRLPhrase(
+        UserWarning,
+        "away from 0",
+        "alpha moves away from 0 (to {alpha!r}) while the sampler holds priorities: they were stored as 1.0 "
+        "under alpha=0 and stay 1.0 until their next update_priority().",
+    ),
+    "prioritized_without_replacement": TorchRLPhrase(
+        TypeError,
+        "no without-replacement variant",
+        "{cls} has no without-replacement variant (got replacement={replacement!r}): prioritized draws are "
+        "always with replacement. Drop the argument, or use SamplerWithoutReplacement for uniform epochs.",
+    ),
+    "prioritized_spawn": TorchRLPhrase(
+        RuntimeError,
+        "cannot be shared between processes.*sync=False",
+        "A {cls} cannot be shared between processes when it is pickled for a spawned process: its trees would be "
+        "copied, not shared. Build the buffer with shared=True, or keep priorities per process with sync=False.",
+    ),
+    # slice samplers
+    "slice_done_ndim": TorchRLPhrase(
+        ValueRuntimeError,
+        "Expected the end-of-trajectory signal to be 1-dimensional",
+        "Expected the end-of-trajectory signal to be 1-dimensional once its trailing singleton dims are "
+        "squeezed, got entry {key!r} of shape {shape}. Store one done flag per step.",
+    ),
+    "slice_list_storage": TorchRLPhrase(
+        TypeRuntimeError,
+        "Could not get a tensordict out of the storage, which is required for SliceSampler to compute the "
+        r"trajectories\.",
+        "Could not get a tensordict out of the storage, which is required for SliceSampler to compute the "
+        "trajectories. {cls} got a {storage}; use a LazyTensorStorage or LazyMemmapStorage of TensorDicts.",
+    ),
+    "slice_pad_strict": TorchRLPhrase(
+        ValueError,
+        "pad_output=True is incompatible",
+        "pad_output=True is incompatible with strict_length=True: padding keeps short trajectories, strict length "
+        "drops them. Pass strict_length=False to pad, or pad_output=False to drop them.",
+    ),
+    "slice_end_keys": TorchRLPhrase(
+        ValueRuntimeError,
+        "exclusive",
+        "end_key and end_keys are mutually exclusive (got end_key={end_key!r}, end_keys={end_keys!r}). Pass one "
+        "key with end_key, or several with end_keys.",
+    ),
+    "traj_exactly_one": TorchRLPhrase(
+        TypeError,
+        "Exactly one",
+        "Exactly one of `trajectory` and `end` must be given, got {got}.",
+    ),
+    "traj_cursor_empty": TorchRLPhrase(
+        ValueRuntimeError,
+        "cursor must not be",
+        "The cursor must not be empty (got {cursor!r}): pass the storage's write cursor as an int or a non-empty "
+        "tensor of positions.",
+    ),
+    "traj_empty": TorchRLPhrase(
+        ValueRuntimeError,
+        "empty",
+        "The {name} input is empty (T=0): there is no trajectory to find. Pass at least one step.",
+    ),
+    # prompt groups and sequences
+    "prompt_group_list_storage": TorchRLPhrase(
+        TypeError,
+        "Plain ListStorage is not supported",
+        "Plain ListStorage is not supported by {cls}: it groups items by a stored entry, which needs a "
+        "TensorStorage (LazyTensorStorage or LazyMemmapStorage) of TensorDicts.",
+    ),
+    "prompt_group_reward": TorchRLPhrase(
+        TypeError,
+        "requires reward_key",
+        "strategy='reward' requires reward_key={key!r} to name a tensor entry, got {got}. Store rewards as "
+        "tensors, or use strategy='random'.",
+    ),
+    "sequence_list_storage": TorchRLPhrase(
+        TypeError,
+        "TensorStorage",
+        "Sequence reads done flags from a TensorStorage (LazyTensorStorage or LazyMemmapStorage), got {storage}.",
+    ),
+    "sequence_plain_tensor": TorchRLPhrase(
+        TypeError,
+        "TensorDict",
+        "Sequence reads its done flags ({key!r}) from a TensorDict storage; this storage holds {got}. Store "
+        "TensorDicts with a done entry, or pass done_key=None to treat the written span as one trajectory.",
+    ),
+    # storages
+    "storage_none": TorchRLPhrase(
+        ValueError,
+        "Expected storage to be non-null",
+        "Expected storage to be non-null: TensorStorage(storage=None). Pass a tensor, a TensorDict or a "
+        "tensorclass to wrap, or use LazyTensorStorage(max_size) to allocate on the first write.",
+    ),
+    "storage_max_size": TorchRLPhrase(
+        ValueError,
+        "The max-size and the storage shape mismatch",
+        "The max-size and the storage shape mismatch: max_size={max_size} but the storage holds {rows} rows along "
+        "its first dim. Pass max_size={rows}, or leave it out.",
+    ),
+    "storage_unstackable_list": TorchRLPhrase(
+        ValueRuntimeError,
+        "Stacking the elements of the list resulted in an error",
+        "Stacking the elements of the list resulted in an error: a list passed to extend() is a list of items, "
+        "which must share their structure and shapes ({detail}). Pass items of one structure, or a TensorDict "
+        "with a batch dimension.",
+    ),
+    "storage_pytree_state_dict": TorchRLPhrase(
+        TypeError,
+        "are not supported by",
+        "Tensor and pytree contents are not supported by {cls}.state_dict() (which holds TensorDicts); got "
+        "{got}. Save it with storage.dumps(path) or rb.dumps(path), or store TensorDicts.",
+    ),
+    "storage_fill_uninitialized": TorchRLPhrase(
+        RuntimeError,
+        "Cannot fill a non-initialized pytree-based TensorStorage",
+        "Cannot fill a non-initialized pytree-based TensorStorage: the checkpoint holds {got}, whose layout this "
+        "uninitialised {cls} cannot rebuild. Write one item first (so the storage knows its layout), then load.",
+    ),
+    "storage_spawn_list": TorchRLPhrase(
+        RuntimeError,
+        "Cannot share a storage of type",
+        "Cannot share a storage of type {cls} between processes. It lives in one process's memory and cannot be "
+        "shared with a spawned process. Use LazyTensorStorage or LazyMemmapStorage (shared with workers), or use "
+        "the 'fork' start method (workers then see a snapshot), or num_workers=0.",
+    ),
+    "storage_spawn_uninitialized": TorchRLPhrase(
+        RuntimeError,
+        "it has not been initialized yet",
+        "{cls} cannot be shared with a spawned process: it has not been initialized yet, so each process would "
+        "allocate its own memory. Write one batch before starting processes, or build it with shared_init=True.",
+    ),
+    "shared_init_device": TorchRLPhrase(
+        UserWarning,
+        "cannot be honored",
+        "shared_init=True with device={device!r} cannot be honored: shared memory lives on the CPU. The storage "
+        "is allocated on the CPU, and samples come back on the CPU.",
+    ),
+}
+
+
+def torchrl_error(key: str, /, **fields) -> BaseException:
+    """The exception for situation ``key`` of :data:`TORCHRL_PHRASES`, its message filled with ``fields``.
+
+    Examples:
+        >>> err = torchrl_error("alpha_negative", alpha=-1.0)
+        >>> type(err).__name__, "alpha must be greater or equal" in str(err)
+        ('ValueError', True)
+    """
+    entry = TORCHRL_PHRASES[key]
+    return entry.type(entry.format(**fields))
+
+
+def torchrl_warning(key: str, /, *, stacklevel: int = 3, **fields) -> None:
+    """Warn with situation ``key`` of :data:`TORCHRL_PHRASES` (a warning class), its message filled with ``fields``."""
+    import warnings
+
+    entry = TORCHRL_PHRASES[key]
+    warnings.warn(entry.format(**fields), entry.type, stacklevel=stacklevel)
