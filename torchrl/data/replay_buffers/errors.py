@@ -21,6 +21,10 @@ class ValueRuntimeError(ValueError, RuntimeError):
     """A :class:`ValueError` that TorchRL raises as a :class:`RuntimeError`."""
 
 
+class IndexRuntimeError(IndexError, RuntimeError):
+    """An ``IndexError`` that is also the ``RuntimeError`` TorchRL raises (a list-storage write out of range)."""
+
+
 class FileExistsRuntimeError(FileExistsError, RuntimeError):
     """A :class:`FileExistsError` that TorchRL raises as a :class:`RuntimeError`."""
 
@@ -108,7 +112,7 @@ class TorchRLPhrase:
 TORCHRL_PHRASES: dict[str, TorchRLPhrase] = {
     # writers
     "max_value_writer_data": TorchRLPhrase(
-        RuntimeError,
+        TypeRuntimeError,
         "expects data to be a tensor collection",
         "{cls} expects data to be a tensor collection (a TensorDict or a tensorclass holding the rank key), got "
         "{got}. Wrap the data in a TensorDict with the rank entry, or use a RoundRobinWriter for tensors and "
@@ -150,7 +154,7 @@ TORCHRL_PHRASES: dict[str, TorchRLPhrase] = {
         "shared=False to prefetch.",
     ),
     "prefetch_capacity": TorchRLPhrase(
-        ValueError,
+        ValueRuntimeError,
         "prefetch queue with capacity {saved}",
         "The state holds a prefetch queue with capacity {saved}; this buffer prefetches {ours}. Build the buffer "
         "with prefetch={saved} to load it. Nothing was loaded.",
@@ -190,19 +194,21 @@ TORCHRL_PHRASES: dict[str, TorchRLPhrase] = {
     "consumed_empty": TorchRLPhrase(
         RuntimeError,
         "Cannot sample from an empty storage",
-        "Cannot sample from an empty storage: {why}. Extend the buffer before sampling again.",
+        "Cannot sample from an empty storage: {why}.",
     ),
     "consuming_prefetch": TorchRLPhrase(
         ValueError,
         "Prefetching is not supported",
-        "Prefetching is not supported with consume_after_n_samples (got prefetch={prefetch}): a prefetched batch "
-        "would consume items before they are returned. Pass prefetch=0 or drop consume_after_n_samples.",
+        "Prefetching is not supported with consumption (consume_after_n_samples or a ConsumingSampler; got "
+        "prefetch={prefetch}): a batch sampled ahead consumes its items before anyone receives it, and they are "
+        "lost with the queue. Pass prefetch=0 (or leave it out), or sample without consumption.",
     ),
     "consuming_sampler": TorchRLPhrase(
         ValueError,
         "only supports the default RandomSampler",
-        "consume_after_n_samples only supports the default RandomSampler, got {sampler}. Drop the sampler "
-        "argument (a ConsumingSampler is built for you), or drop consume_after_n_samples.",
+        "consume_after_n_samples only supports the default RandomSampler, got {sampler}: consumption draws "
+        "uniformly among the items left (priorities and epochs do not model items leaving the draw). Leave "
+        "`sampler` out (ConsumingSampler({n}) is built for you), or drop consume_after_n_samples.",
     ),
     "consuming_ndim": TorchRLPhrase(
         ValueError,
@@ -237,28 +243,25 @@ TORCHRL_PHRASES: dict[str, TorchRLPhrase] = {
     "prioritized_without_replacement": TorchRLPhrase(
         TypeError,
         "no without-replacement variant",
-        "{cls} has no without-replacement variant (got replacement={replacement!r}): prioritized draws are "
-        "always with replacement. Drop the argument, or use SamplerWithoutReplacement for uniform epochs.",
-    ),
-    "prioritized_spawn": TorchRLPhrase(
-        RuntimeError,
-        "cannot be shared between processes.*sync=False",
-        "A {cls} cannot be shared between processes when it is pickled for a spawned process: its trees would be "
-        "copied, not shared. Build the buffer with shared=True, or keep priorities per process with sync=False.",
+        "{cls} has no without-replacement variant (got replacement={replacement!r}): its draws are always with "
+        "replacement. Drop the argument, or use a sampler without replacement ({choices}).",
     ),
     # slice samplers
     "slice_done_ndim": TorchRLPhrase(
         ValueRuntimeError,
         "Expected the end-of-trajectory signal to be 1-dimensional",
         "Expected the end-of-trajectory signal to be 1-dimensional once its trailing singleton dims are "
-        "squeezed, got entry {key!r} of shape {shape}. Store one done flag per step.",
+        "squeezed, got entry {key!r} of shape {shape}: slice samplers need one done flag per step ({per_step}). "
+        "Reduce it to one flag per step first, e.g. data[{key!r}] = data[{key!r}].any(-1, keepdim=True), or pass "
+        "`traj_key`.",
     ),
     "slice_list_storage": TorchRLPhrase(
         TypeRuntimeError,
         "Could not get a tensordict out of the storage, which is required for SliceSampler to compute the "
         r"trajectories\.",
         "Could not get a tensordict out of the storage, which is required for SliceSampler to compute the "
-        "trajectories. {cls} got a {storage}; use a LazyTensorStorage or LazyMemmapStorage of TensorDicts.",
+        "trajectories. {cls} got a {storage}; use a LazyTensorStorage, LazyMemmapStorage or LazyStackStorage of "
+        "TensorDicts.",
     ),
     "slice_pad_strict": TorchRLPhrase(
         ValueError,
@@ -292,13 +295,14 @@ TORCHRL_PHRASES: dict[str, TorchRLPhrase] = {
     "prompt_group_list_storage": TorchRLPhrase(
         TypeError,
         "Plain ListStorage is not supported",
-        "Plain ListStorage is not supported by {cls}: it groups items by a stored entry, which needs a "
-        "TensorStorage (LazyTensorStorage or LazyMemmapStorage) of TensorDicts.",
+        "Plain ListStorage is not supported by {cls}: it groups items by a stored entry, which needs a storage "
+        "that returns its items as one TensorDict: a TensorStorage (LazyTensorStorage or LazyMemmapStorage) or a "
+        "LazyStackStorage.",
     ),
     "prompt_group_reward": TorchRLPhrase(
         TypeError,
         "requires reward_key",
-        "strategy='reward' requires reward_key={key!r} to name a tensor entry, got {got}. Store rewards as "
+        "strategy={strategy!r} requires reward_key={key!r} to name a tensor entry, got {got}. Store rewards as "
         "tensors, or use strategy='random'.",
     ),
     "sequence_list_storage": TorchRLPhrase(
@@ -335,14 +339,15 @@ TORCHRL_PHRASES: dict[str, TorchRLPhrase] = {
     "storage_pytree_state_dict": TorchRLPhrase(
         TypeError,
         "are not supported by",
-        "Tensor and pytree contents are not supported by {cls}.state_dict() (which holds TensorDicts); got "
-        "{got}. Save it with storage.dumps(path) or rb.dumps(path), or store TensorDicts.",
+        "Pytree contents are not supported by {cls}.state_dict() (which holds tensors, TensorDicts and "
+        "tensorclasses); got {got}. Save it with storage.dumps(path) or rb.dumps(path), or store TensorDicts.",
     ),
     "storage_fill_uninitialized": TorchRLPhrase(
         RuntimeError,
         "Cannot fill a non-initialized pytree-based TensorStorage",
-        "Cannot fill a non-initialized pytree-based TensorStorage: the checkpoint holds {got}, whose layout this "
-        "uninitialised {cls} cannot rebuild. Write one item first (so the storage knows its layout), then load.",
+        "Cannot fill a non-initialized pytree-based TensorStorage: the checkpoint holds {got}, and {cls}.loads "
+        "(and its checkpointer's loads) fills a storage that already holds data of that layout. Write one item "
+        "first, then load; or load the whole buffer with rb.loads(path), which rebuilds the layout.",
     ),
     "storage_spawn_list": TorchRLPhrase(
         RuntimeError,
