@@ -7,7 +7,6 @@ of a user's process, not of the test runner.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import signal
 import subprocess
@@ -319,10 +318,9 @@ def dead_pid() -> int:
 def fake_scratch_dir(root, pid: int, marker: dict | None = None, suffix: str = "abc123") -> str:
     path = os.path.join(root, f"torchrl-memmap-{pid}-{suffix}")
     os.mkdir(path)
-    if marker is not False:
-        marker = {"pid": pid, **_cleanup._identity()} if marker is None else marker
-        with open(os.path.join(path, _cleanup._MARKER), "w") as f:
-            json.dump(marker, f)
+    if marker is not False:  # a real marker (inodes, write time), with the entries of `marker` forged
+        fields = dict(marker or {})
+        _cleanup._write_marker(path, fields.pop("pid", pid), **fields)
     return path
 
 

@@ -97,7 +97,7 @@ def test_items_are_stored_compressed():
     assert payload.dtype == torch.uint8 and payload.numel() < 3 * 32 * 32
 
 
-@pytest.mark.skipif(not HAS_ZSTD, reason="zstandard is not installed")
+@pytest.mark.skipif(not HAS_ZSTD, reason="needs the optional extra 'zstd' (pip install -e '.[zstd]'): zstandard is not installed")
 def test_default_codec_is_zstd_when_installed():
     storage = CompressedListStorage(4, compression_level=19)
     assert storage.codec == "zstd"
@@ -198,12 +198,20 @@ def test_a_compression_fn_returning_the_wrong_type_fails_before_anything_is_writ
     assert len(storage) == 0
 
 
-def test_a_decompression_fn_returning_the_wrong_shape_is_reported():
+def test_what_a_decompression_fn_returns_is_returned_as_it_is():  # TorchRL: the function owns the format
     storage = CompressedListStorage(
         4, compression_fn=lambda t: zlib.compress(t.numpy().tobytes()), decompression_fn=lambda d, m: torch.zeros(1)
     )
     storage.set(0, torch.zeros(2, 3))
-    with pytest.raises(ValueError, match=r"`decompression_fn`.*shape \[1\].*shape \[2, 3\]"):
+    assert storage.get(0).shape == (1,)
+
+
+def test_raw_bytes_of_the_wrong_size_from_a_decompression_fn_are_reported():
+    storage = CompressedListStorage(
+        4, compression_fn=lambda t: zlib.compress(t.numpy().tobytes()), decompression_fn=lambda d, m: b"1234"
+    )
+    storage.set(0, torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"`decompression_fn`.*returned 4 bytes.*shape \[2, 3\]"):
         storage.get(0)
 
 
@@ -218,7 +226,7 @@ def test_corrupted_bytes_are_reported_not_misread():
         storage.get(0)
 
 
-@pytest.mark.skipif(not HAS_ZSTD, reason="zstandard is not installed")
+@pytest.mark.skipif(not HAS_ZSTD, reason="needs the optional extra 'zstd' (pip install -e '.[zstd]'): zstandard is not installed")
 def test_a_zstd_frame_larger_than_the_item_is_refused_before_it_is_decompressed():
     import zstandard
 
@@ -344,9 +352,9 @@ def test_loads_refuses_another_codec_or_capacity_and_changes_nothing(tmp_path):
 @pytest.mark.parametrize(
     "edit, match",
     [
-        (lambda t, d: t.__setitem__("storage/0/0/offsets", torch.tensor([0, 5, 3])), "offsets"),
-        (lambda t, d: t.__setitem__("storage/0/0/values", torch.zeros(3)), "dtype"),
-        (lambda t, d: t.__setitem__("storage/0/batch_sizes", torch.zeros(3, 1, dtype=torch.long)), "batch_sizes"),
+        (lambda t, d: t.__setitem__("compressed_data/0/0/offsets", torch.tensor([0, 5, 3])), "offsets"),
+        (lambda t, d: t.__setitem__("compressed_data/0/0/values", torch.zeros(3)), "dtype"),
+        (lambda t, d: t.__setitem__("compressed_data/0/batch_sizes", torch.zeros(3, 1, dtype=torch.long)), "batch_sizes"),
         (lambda t, d: d["groups"][0]["leaves"][2].__setitem__("values", ["a"]), "JSON values"),
         (lambda t, d: d.__setitem__("layout", "stacked"), "layout"),
     ],

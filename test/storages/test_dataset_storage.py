@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers.assertions import assert_checkpoint_round_trip
+from helpers.extras import require
 from tensordict import TensorDict
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
@@ -180,7 +181,7 @@ def test_stochastic_getitem_gives_a_new_draw_on_every_read():
 
 
 def test_hugging_face_dataset_in_torch_format():
-    datasets = pytest.importorskip("datasets")
+    datasets = require("datasets")
     hf = datasets.Dataset.from_dict({"obs": [[float(i)] * 3 for i in range(12)], "r": list(range(12))})
     storage = DatasetStorage(hf.with_format("torch"))
     batch = storage.get(torch.tensor([1, 11]))
@@ -233,7 +234,7 @@ def test_dataloader_workers_over_a_tensordict_dataset():
 
 
 def test_export_of_a_dataset_storage_copies_the_items(tmp_path):
-    pytest.importorskip("datasets")
+    require("datasets")
     rb = ReplayBuffer(storage=DatasetStorage(CountingDataset(9)), batch_size=3)
     rb.export_hf(tmp_path / "export", chunk_bytes=40)
     copy = ReplayBuffer.from_hf(tmp_path / "export", storage=LazyTensorStorage(9))
@@ -242,7 +243,7 @@ def test_export_of_a_dataset_storage_copies_the_items(tmp_path):
 
 
 def test_export_of_tuple_items_asks_for_named_fields(tmp_path):
-    pytest.importorskip("datasets")
+    require("datasets")
     rb = ReplayBuffer(storage=DatasetStorage(tensor_dataset(4)))
     with pytest.raises(TypeError, match="a tuple has no names"):
         rb.export_hf(tmp_path / "export")

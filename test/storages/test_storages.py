@@ -138,6 +138,10 @@ def test_counters_are_shared_exactly_when_the_content_is_and_state_dict_holds_pl
 @storages
 def test_storage_state_dict_round_trip_into_a_fresh_storage(storage, kind):
     s = filled_storage(storage, kind)
+    if kind in ("dict", "tuple") and storage != "list":  # TorchRL's rule: pytree contents have no state dict
+        with pytest.raises(TypeError, match="are not supported by"):
+            s.state_dict()
+        return
     fresh = make_storage(storage, 10, kind)
     fresh.load_state_dict(s.state_dict())
     assert len(fresh) == 6
@@ -163,9 +167,9 @@ def test_tensor_storage_infers_max_size_and_checks_a_given_one():
     backing = TensorDict(obs=torch.zeros(10, 3), batch_size=[10])
     assert TensorStorage(backing).max_size == 10
     assert TensorStorage(backing, max_size=10).max_size == 10
-    with pytest.raises(ValueError, match=r"`max_size`=6 does not match.*Omit `max_size` or pass 10"):
+    with pytest.raises(ValueError, match=r"max_size=6 but the storage holds 10 rows.*Pass max_size=10"):
         TensorStorage(backing, max_size=6)
-    with pytest.raises(ValueError, match=r"Pass `storage`.*or `max_size`"):
+    with pytest.raises(ValueError, match=r"storage=None.*LazyTensorStorage\(max_size\)"):
         TensorStorage(None)
 
 

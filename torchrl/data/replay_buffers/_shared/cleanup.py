@@ -19,6 +19,13 @@ Nothing runs on SIGKILL (or on a crash of the interpreter): the registered paths
 stay behind. Scratch directories made by :func:`make_scratch_dir` carry their owner's pid in their name and in
 a marker file, so that :func:`cleanup_stale_scratch_dirs` can later remove those of dead processes.
 
+NOTE [marker identity]: a marker file can be copied into any directory of the same user (``cp``, ``cp -a``,
+an archive), so its pid alone cannot tell the directory that :func:`make_scratch_dir` created from a copy.
+The marker also records what a copy cannot reproduce: the device and inode of the directory and of the marker
+file itself (a copy gets new inodes), and the time it was written, checked against the marker's ``ctime``
+(which no user can set: a copy's ``ctime`` is the time of the copy). All must match before a directory is
+removed; a marker without them (or unreadable) keeps its directory.
+
 This module is the bottom layer: it imports no storage, sampler or buffer.
 """
 
@@ -35,10 +42,14 @@ import socket
 import stat
 import tempfile
 import threading
+import time
 
 SCRATCH_PREFIX = "torchrl-memmap"
 _MARKER = ".torchrl-owner.json"
 _NAME = re.compile(rf"^{re.escape(SCRATCH_PREFIX)}-(\d+)-[A-Za-z0-9_]+$")
+_MAX_PID = 2**31 - 1  # pids are C ints: a larger number in a name was not written by make_scratch_dir
+# a marker's ctime: at most 2 s before, 10 min after its write time
+_CTIME_SLACK_NS = (2 * 10**9, 600 * 10**9)
 
 _lock = threading.RLock()  # reentrant: the SIGTERM handler may interrupt the main thread inside the lock
 _owned: dict[str, int] = {}
@@ -194,8 +205,11 @@ def _identity() -> dict:
         pid_ns = os.readlink("/proc/self/ns/pid")
     except OSError:
         pass
-    return {"host": socket.gethostname(), "boot_id": _read_text("/proc/sys/kernel/random/boot_id"),
-            "pid_ns": pid_ns}
+    return {
+        "host": socket.gethostname(),
+        "boot_id": _read_text("/proc/sys/kernel/random/boot_id"),
+        "pid_ns": pid_ns,
+    }
 
 
 def make_scratch_dir(root=None) -> str:
@@ -211,15 +225,52 @@ def make_scratch_dir(root=None) -> str:
     pid = os.getpid()
     path = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}-{pid}-", dir=None if root is None else os.fspath(root))
     register_owned_path(path)
-    fd = os.open(os.path.join(path, _MARKER), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"pid": pid, **_identity()}, f)
+    _write_marker(path, pid)
     return path
+
+
+def _write_marker(directory: str, pid: int, **fields) -> None:
+    """Writes the owner marker of ``directory`` (see NOTE [marker identity]); ``fields`` override entries
+    (tests forge markers with them)."""
+    fd = os.open(
+        os.path.join(directory, _MARKER), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600
+    )
+    with os.fdopen(fd, "w") as f:
+        dir_info, marker_info = os.stat(directory), os.fstat(fd)
+        marker = {
+            "pid": pid,
+            **_identity(),
+            "dev": dir_info.st_dev,
+            "dir_ino": dir_info.st_ino,
+            "marker_ino": marker_info.st_ino,
+            "written_ns": time.time_ns(),
+            **fields,
+        }
+        json.dump(marker, f)
+
+
+def _is_original(directory: str, info: os.stat_result, marker: dict) -> bool:
+    """Whether ``marker`` was written into ``directory`` itself by :func:`make_scratch_dir`, not copied there."""
+    try:
+        marker_info = os.lstat(os.path.join(directory, _MARKER))
+    except OSError:
+        return False
+    written = marker.get("written_ns")
+    if not isinstance(written, int) or isinstance(written, bool):
+        return False
+    before, after = _CTIME_SLACK_NS
+    return (
+        marker.get("dev") == info.st_dev == marker_info.st_dev
+        and marker.get("dir_ino") == info.st_ino
+        and marker.get("marker_ino") == marker_info.st_ino
+        and stat.S_ISREG(marker_info.st_mode)
+        and written - before <= marker_info.st_ctime_ns <= written + after
+    )
 
 
 def _owner_is_dead(pid: int, marker: dict, here: dict) -> bool:
     """Whether the process that made a scratch directory is certainly gone (``False`` when unsure)."""
-    if marker.get("pid") != pid or marker.get("host") != here["host"] or pid == os.getpid():
+    if marker.get("pid") != pid or marker.get("host") != here["host"] or pid == os.getpid() or pid > _MAX_PID:
         return False
     if marker.get("boot_id") and here["boot_id"] and marker["boot_id"] != here["boot_id"]:
         return True  # made before this machine rebooted
@@ -229,7 +280,7 @@ def _owner_is_dead(pid: int, marker: dict, here: dict) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    except OSError:  # PermissionError: alive, another user's
+    except (OSError, OverflowError, ValueError):  # PermissionError: alive, another user's; never a crash
         return False
     return False
 
@@ -253,7 +304,10 @@ def cleanup_stale_scratch_dirs(root=None, *, dry_run: bool = False) -> list[str]
     SIGKILL (or crashes): then it stays. This function removes such directories under ``root``: only those
     with that name, owned by the current user, holding the marker file written at creation, and whose owner
     process is certainly dead. A directory of a live process, of another host or container, or that this
-    package did not create is never touched.
+    package did not create is never touched, nor one holding a copy of another directory's marker (the marker
+    records the directory's inode and the marker's own inode and write time, which a copy cannot reproduce).
+    Every entry is checked before it is removed, and a name that cannot be a scratch directory (e.g. a pid
+    too large for the system) is skipped.
 
     Args:
         root (str or path-like, optional): the directory to scan (not recursively). Defaults to
@@ -274,20 +328,26 @@ def cleanup_stale_scratch_dirs(root=None, *, dry_run: bool = False) -> list[str]
     """
     root = tempfile.gettempdir() if root is None else os.fspath(root)
     if not os.path.isdir(root):
-        raise NotADirectoryError(f"`root` must be an existing directory, got {root!r}; pass None for the "
-                                 f"temporary directory ({tempfile.gettempdir()!r}).")
+        raise NotADirectoryError(
+            f"`root` must be an existing directory, got {root!r}; pass None for the "
+            f"temporary directory ({tempfile.gettempdir()!r})."
+        )
     here, uid, found = _identity(), os.getuid(), []
     for name in sorted(os.listdir(root)):
         match = _NAME.match(name)
+        if match is None or int(match.group(1)) > _MAX_PID:
+            continue
         path = os.path.join(root, name)
         try:
             info = os.lstat(path)
         except OSError:
             continue
-        if match is None or not stat.S_ISDIR(info.st_mode) or info.st_uid != uid:
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid:
             continue
         marker = _read_marker(path)
-        if marker is None or not _owner_is_dead(int(match.group(1)), marker, here):
+        if marker is None or not _is_original(path, info, marker):
+            continue
+        if not _owner_is_dead(int(match.group(1)), marker, here):
             continue
         if not dry_run:
             shutil.rmtree(path, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 from torchrl.data._torchrl_names import not_provided_getattr
 from torchrl.data.replay_buffers._shared.cleanup import cleanup_stale_scratch_dirs
+from torchrl.data.replay_buffers._shared.lock import cleanup_stale_lock_files
 from torchrl.data.replay_buffers.storages._registry import _MEMMAP_STORAGE_REGISTRY  # noqa: F401 (TorchRL path)
 from torchrl.data.replay_buffers.storages.base import Storage
 from torchrl.data.replay_buffers.storages.compressed import CompressedListStorage
@@ -17,7 +18,7 @@ from torchrl.data.replay_buffers.storages.tensor import TensorStorage
 __all__ = ["Storage", "ListStorage", "TensorStorage", "LazyTensorStorage", "LazyMemmapStorage", "StorageEnsemble"]
 __all__ += ["LazyStackStorage", "CompressedListStorage"]
 __all__ += ["DatasetStorage"]
-__all__ += ["StorageDataset", "cleanup_stale_scratch_dirs"]  # a storage read as a Dataset; scratch clean-up
+__all__ += ["StorageDataset", "cleanup_stale_scratch_dirs", "cleanup_stale_lock_files"]  # a storage read as a Dataset; scratch clean-up
 
 for _cls in (Storage, ListStorage, TensorStorage, LazyTensorStorage, LazyMemmapStorage, StorageEnsemble,
              LazyStackStorage, CompressedListStorage, DatasetStorage):

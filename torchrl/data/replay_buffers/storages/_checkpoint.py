@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import torch
-from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, MemoryMappedTensor, TensorDict, TensorDictBase
 
 import torchrl.data.replay_buffers._checkpoint.io as _io
 import torchrl.data.replay_buffers.storages._ragged as _ragged
@@ -50,7 +50,12 @@ def _files_under(backing: TensorDictBase, directory: str) -> bool:
 
 # -- tensor storages --------------------------------------------------------------------------------------------
 def tensor_storage_part(
-    storage, backing: TensorDictBase | None, codec: DataCodec | None, rows: int, last_row: int, ctx: PartContext
+    storage,
+    backing: TensorDictBase | None,
+    codec: DataCodec | None,
+    rows: int,
+    last_row: int,
+    ctx: PartContext,
 ) -> tuple[dict, dict]:
     """The part of a tensor storage whose data is ``backing`` (``None`` before the first write).
 
@@ -65,6 +70,12 @@ def tensor_storage_part(
     }
     if backing is None:
         return {}, doc
+    if isinstance(backing, LazyStackedTensorDict):
+        raise TypeError(
+            f"Cannot save this {type(storage).__name__}: its items are lazy stacks whose members differ in shape, "
+            f"which the checkpoint format does not describe. Save such items in a LazyStackStorage (its checkpoint "
+            f"keeps ragged items), or use state_dict(). Nothing was written."
+        )
     whole = _files_under(backing, os.path.join(ctx.path, ctx.prefix + "storage"))
     saved_rows = backing.batch_size[0] if whole else rows
     keys = _leaf_keys(backing)
@@ -73,8 +84,12 @@ def tensor_storage_part(
         leaf = backing.get(key)
         tensors[ctx.name(f"storage/{name}")] = leaf[:saved_rows]
         leaves.append(
-            {"key": list(key), "tensor": ctx.name(f"storage/{name}"), "shape": list(leaf.shape),
-             "dtype": _io.dtype_name(leaf.dtype)}
+            {
+                "key": list(key),
+                "tensor": ctx.name(f"storage/{name}"),
+                "shape": list(leaf.shape),
+                "dtype": _io.dtype_name(leaf.dtype),
+            }
         )
     doc.update(
         codec=codec.to_json(),
@@ -103,11 +118,16 @@ def check_tensor_storage_part(
         ctx.facts["storage_rows"] = storage.max_size
         return
     ctx.facts["storage_rows"] = _check_counters(storage, doc, ctx)
-    DataCodec.from_json(doc["codec"])  # raises if e.g. the tensorclass is not importable
+    if not isinstance(doc.get("codec"), dict):
+        raise CheckpointError(
+            f"The checkpoint's storage description has no data codec (`codec` is {doc.get('codec')!r})."
+        )
     for leaf in doc["leaves"]:
         stored = tensors.get(leaf["tensor"])
         if stored is None or list(stored.shape) != [doc["saved_rows"], *leaf["shape"][1:]]:
-            raise ValueError(f"The checkpoint's storage entry {leaf['tensor']!r} does not match its description.")
+            raise ValueError(
+                f"The checkpoint's storage entry {leaf['tensor']!r} does not match its description."
+            )
     if backing is None:
         return
     here = {_key_tuple(k): v for k, v in backing.items(include_nested=True, leaves_only=True)}
@@ -135,9 +155,13 @@ def _check_counters(storage, doc: dict, ctx: PartContext) -> int:
         check_int_field(size, f"batch_size[{i}]", where, 1)
     cells = math.prod(grid[1:ndim])
     rows = -(-storage.max_size // cells)  # the rows a storage of this max_size allocates for such items
-    check_int_field(grid[0], "batch_size[0]", where, rows, rows, fix=f"max_size={storage.max_size} gives {rows} rows.")
+    check_int_field(
+        grid[0], "batch_size[0]", where, rows, rows, fix=f"max_size={storage.max_size} gives {rows} rows."
+    )
     written = check_int_field(doc["rows"], "rows", where, 0, rows, fix="`rows` counts the rows written.")
-    check_int_field(doc["last_row"], "last_row", where, -1, written - 1, fix="`last_row` is a written row, or -1.")
+    check_int_field(
+        doc["last_row"], "last_row", where, -1, written - 1, fix="`last_row` is a written row, or -1."
+    )
     check_int_field(doc["saved_rows"], "saved_rows", where, written, rows, fix="Every written row is saved.")
     for leaf in doc["leaves"]:
         if not isinstance(leaf.get("shape"), list) or leaf["shape"][: len(grid)] != grid:
@@ -150,6 +174,21 @@ def _check_counters(storage, doc: dict, ctx: PartContext) -> int:
 
 def check_same_layout(dst: TensorDictBase, src: TensorDictBase) -> None:
     """Raises if the state ``src`` (a ``state_dict()`` backing) has other keys, shapes or dtypes than ``dst``."""
+    if isinstance(dst, LazyStackedTensorDict) or isinstance(src, LazyStackedTensorDict):
+        same = (
+            isinstance(dst, LazyStackedTensorDict)
+            and isinstance(src, LazyStackedTensorDict)
+            and dst.stack_dim == src.stack_dim
+            and len(dst.tensordicts) == len(src.tensordicts)
+        )
+        if not same:
+            raise ValueError(
+                "The state to load and the storage do not both hold lazy stacks of the same members (items whose "
+                "members differ in shape): load a state saved by a storage of the same data."
+            )
+        for mine, theirs in zip(dst.tensordicts, src.tensordicts):
+            check_same_layout(mine, theirs)
+        return
     dst_keys = set(dst.keys(True, True))
     src_keys = set(src.keys(True, True))
     if dst_keys != src_keys:
@@ -187,7 +226,9 @@ def map_checkpoint_files(doc: dict, tensors: Mapping, directory: str) -> TensorD
     backing = TensorDict(batch_size=doc["batch_size"])
     for leaf, file in zip(doc["leaves"], files):
         dtype = _io.DTYPES[leaf["dtype"]]
-        backing.set(tuple(leaf["key"]), MemoryMappedTensor.from_filename(file, dtype, leaf["shape"], mode="r+"))
+        backing.set(
+            tuple(leaf["key"]), MemoryMappedTensor.from_filename(file, dtype, leaf["shape"], mode="r+")
+        )
     return backing
 
 
@@ -252,7 +293,9 @@ def list_storage_part(storage, items: list, ctx: PartContext) -> tuple[dict, dic
         json = {key: [e.json[key] for e in encoded] for key in encoded[0].json}
         groups = [(encoded[0].codec, stacked, json, "stacked")]
     else:
-        groups = [(e.codec, e.td, {k: [v] for k, v in e.json.items()}, f"items/{i}") for i, e in enumerate(encoded)]
+        groups = [
+            (e.codec, e.td, {k: [v] for k, v in e.json.items()}, f"items/{i}") for i, e in enumerate(encoded)
+        ]
     tensors, entries = {}, []
     for codec, td, json, sub in groups:
         keys = _leaf_keys(td)
@@ -269,9 +312,13 @@ def check_list_storage_part(storage, doc: dict, tensors: Mapping, ctx: PartConte
     """Raises if ``doc`` does not fit ``storage``; records ``ctx.facts["storage_rows"]`` (its ``max_size``)."""
     check_class(storage, doc, "storage")
     if doc.get("max_size") != storage.max_size:
-        raise mismatch("the storage max_size", doc.get("max_size"), storage.max_size, "Use the same max_size.")
+        raise mismatch(
+            "the storage max_size", doc.get("max_size"), storage.max_size, "Use the same max_size."
+        )
     where = f"The ListStorage description in the checkpoint {ctx.path!r}"
-    count = check_int_field(doc["count"], "count", where, 0, storage.max_size, fix="`count` is the number of items.")
+    count = check_int_field(
+        doc["count"], "count", where, 0, storage.max_size, fix="`count` is the number of items."
+    )
     entries = doc.get("entries", [])
     stacked = doc.get("layout") == "stacked"
     held = sum(entry["batch_size"][0] for entry in entries) if stacked else len(entries)

@@ -26,6 +26,7 @@ import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
+from torchrl.data.replay_buffers.errors import CheckpointError
 from torchrl.data.replay_buffers.storages._nontensor import from_stored, to_stored
 from torchrl.data.replay_buffers.utils import has_nontensor
 
@@ -194,8 +195,22 @@ def _resolve_loaded_class(qualified: str):
     module_name, _, qualname = qualified.partition(":")
     obj = sys.modules.get(module_name)
     for part in qualname.split("."):
-        obj = getattr(obj, part, None) if obj is not None else None
-    if obj is None or not is_tensorclass(obj):
+        try:
+            obj = getattr(obj, part) if obj is not None else None
+        except AttributeError:
+            obj = None
+        except ImportError as err:  # a name a module keeps for what it does not provide (torchrl.data:Bounded)
+            raise CheckpointError(
+                f"The checkpoint says its items are instances of the tensorclass {qualified!r}, but that name is "
+                f"not a tensorclass here ({err}). The checkpoint was edited or written by other code: re-save it."
+            ) from None
+    if obj is not None and not (isinstance(obj, type) and is_tensorclass(obj)):
+        raise CheckpointError(
+            f"The checkpoint says its items are instances of the tensorclass {qualified!r}, but that name is a "
+            f"{type(obj).__name__} here, not a tensorclass. The checkpoint was edited or written by other code: "
+            f"re-save it."
+        )
+    if obj is None:
         raise ValueError(
             f"The checkpoint holds instances of the tensorclass {qualified!r}, which is not defined in this "
             f"process. Import the module that defines it before loading."

@@ -1,10 +1,15 @@
 """The byte codecs of :class:`~torchrl.data.CompressedListStorage`: the defaults and the user's functions.
 
-A *compressor* turns one tensor into a 1-D uint8 tensor; a *decompressor* turns that back into a tensor,
-given the metadata ``{"shape": torch.Size, "dtype": torch.dtype}``. The default codec is Zstandard (the
-``zstandard`` package) when it is installed and ``zlib`` from the standard library otherwise; both read at
-most the expected number of bytes, so corrupted or crafted data cannot make a read allocate more than the
-item's size.
+A *compressor* turns one tensor into a uint8 tensor; a *decompressor* turns that back into a tensor, given
+the metadata ``{"type", "shape": torch.Size, "dtype": torch.dtype, "device"}``. The default codec is
+Zstandard (the ``zstandard`` package) when it is installed and ``zlib`` from the standard library otherwise.
+
+NOTE [bounded reads]: the shape and dtype of an item come with its bytes (from a checkpoint, possibly
+crafted), so the default decompressor trusts neither. It refuses a declared size that the stored bytes
+cannot expand to (more than the codec's largest ratio, :data:`MAX_RATIO`, times the compressed size), before
+allocating anything; otherwise it allocates the declared size once and decompresses into it in chunks, so
+the peak memory of a read is the declared size plus one chunk, and bytes beyond the declared size are never
+produced.
 
 The defaults are small picklable objects (a replay buffer over the storage can be pickled); the live
 compressor objects they cache are rebuilt after unpickling.
@@ -25,7 +30,14 @@ try:
 except ImportError:  # optional: the `zstd` extra
     _zstd = None
 
-_CODEC_ERRORS: tuple[type[BaseException], ...] = (zlib.error,) + ((_zstd.ZstdError,) if _zstd is not None else ())
+_CODEC_ERRORS: tuple[type[BaseException], ...] = (zlib.error,) + (
+    (_zstd.ZstdError,) if _zstd is not None else ()
+)
+#: The most bytes one compressed byte can expand to: zlib's deflate tops out near 1032:1; a zstd RLE block
+#: of 4 bytes (3 of header) stands for up to 128 KiB. A declared size above ratio x stored bytes is a lie.
+MAX_RATIO = {"zlib": 1032, "zstd": 1 << 15}
+_SLACK = 1 << 17  # frame headers and the last block
+_CHUNK = 1 << 20  # bytes decompressed per step
 
 __all__ = ["default_codec_name", "make_default_codec", "compress_tensor", "decompress_tensor"]
 
@@ -79,34 +91,61 @@ class _DefaultDecompressor:
         self.name = name
         self._live = None
 
-    def _decompress(self, data, nbytes: int):
+    def _decompress_into(self, data, out: memoryview) -> tuple[int, bool]:
+        """Decompresses ``data`` into ``out`` in chunks; ``(bytes written, whether more output followed)``."""
+        nbytes, written = len(out), 0
         if self.name == "zlib":
-            return zlib.decompressobj().decompress(data, nbytes + 1)
-        # a zstd frame written by ZstdCompressor.compress records its size: allocate that only when it is ours
+            stream, pending = zlib.decompressobj(), data
+            while written < nbytes:
+                chunk = stream.decompress(pending, min(_CHUNK, nbytes - written))
+                if not chunk:
+                    break
+                out[written : written + len(chunk)] = chunk
+                written += len(chunk)
+                pending = stream.unconsumed_tail
+            return written, bool(stream.decompress(pending, 1))
+        # a zstd frame written by ZstdCompressor.compress records its size: it must be the declared one
         if _zstd.frame_content_size(data) != nbytes:
             raise _zstd.ZstdError(f"the frame does not hold {nbytes} bytes")
         if self._live is None:
             self._live = _zstd.ZstdDecompressor()
-        return self._live.decompress(data)
+        with self._live.stream_reader(data, read_across_frames=False) as reader:
+            while written < nbytes:
+                n = reader.readinto(out[written : min(nbytes, written + _CHUNK)])
+                if not n:
+                    break
+                written += n
+            return written, bool(reader.read(1))
 
     def __call__(self, compressed: torch.Tensor, metadata: dict[str, Any]) -> torch.Tensor:
-        dtype, shape = metadata["dtype"], metadata["shape"]
+        dtype, shape = metadata["dtype"], tuple(metadata["shape"])
         nbytes = _nbytes(dtype, shape)
-        data = compressed.numpy() if compressed.numel() else b""
+        stored = compressed.numel()
+        if nbytes > stored * MAX_RATIO[self.name] + _SLACK:
+            raise ValueError(
+                f"An item declared as a {dtype} tensor of shape {list(shape)} ({nbytes} bytes) is stored in "
+                f"{stored} compressed bytes, which {self.name} cannot expand to more than "
+                f"{stored * MAX_RATIO[self.name] + _SLACK}: its shape or its bytes were altered. Nothing was "
+                f"allocated; save the storage again, or drop the item."
+            )
+        data = compressed.detach().cpu().contiguous().reshape(-1).numpy() if stored else b""
+        out = torch.empty(nbytes, dtype=torch.uint8)
         try:
-            raw = self._decompress(data, nbytes)
+            written, more = self._decompress_into(
+                data, memoryview(out.numpy()) if nbytes else memoryview(bytearray())
+            )
         except _CODEC_ERRORS as err:
             raise ValueError(
                 f"The compressed bytes of a {dtype} tensor of shape {list(shape)} are corrupted or were not written "
                 f"by {self.name} ({type(err).__name__}: {err})."
             ) from None
-        if len(raw) != nbytes:
+        if written != nbytes or more:
             raise ValueError(
-                f"The compressed bytes decompress to {f'more than {nbytes}' if len(raw) > nbytes else len(raw)} bytes "
+                f"The compressed bytes decompress to {f'more than {nbytes}' if more else written} bytes "
                 f"with {self.name}, while a {dtype} tensor of shape {list(shape)} has {nbytes}: they are corrupted "
                 f"or were written by another codec."
             )
-        return bytes_to_tensor(raw, dtype, shape)
+        return out.view(dtype).reshape(shape) if nbytes else torch.empty(shape, dtype=dtype)
 
     def __getstate__(self):
         return {"name": self.name, "_live": None}
@@ -143,35 +182,30 @@ def make_default_codec(level: int) -> tuple[Callable, Callable, str]:
 
 # -- calling the codec, with the checks that make a user's function fail clearly -----------------------------
 def compress_tensor(fn: Callable, tensor: torch.Tensor) -> torch.Tensor:
-    """``fn(tensor)`` as a 1-D uint8 CPU tensor (bytes-like results are accepted and copied)."""
+    """``fn(tensor)``: a uint8 tensor returned as it is (moved to the CPU if it is elsewhere); bytes-like
+    results are copied into a 1-D uint8 tensor."""
     out = fn(tensor)
     if isinstance(out, (bytes, bytearray, memoryview)):
         return _as_uint8(out)
     if isinstance(out, torch.Tensor) and out.dtype == torch.uint8:
-        return out.detach().to("cpu").reshape(-1)
+        return out if out.device.type == "cpu" else out.detach().to("cpu")
     raise TypeError(
         f"`compression_fn` must return a uint8 tensor or bytes; {fn!r} returned a {type(out).__name__}"
         f"{f' of dtype {out.dtype}' if isinstance(out, torch.Tensor) else ''}."
     )
 
 
-def decompress_tensor(fn: Callable, compressed: torch.Tensor, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
-    """``fn(compressed, {"shape", "dtype"})`` checked to be a tensor of that shape and dtype (bytes-like
-    results are reinterpreted with them)."""
-    out = fn(compressed, {"shape": torch.Size(shape), "dtype": dtype})
+def decompress_tensor(fn: Callable, compressed: torch.Tensor, metadata: dict[str, Any]):
+    """``fn(compressed, metadata)`` (``metadata``: ``type``, ``shape``, ``dtype``, ``device``), returned as it is
+    (whatever it is: the function owns the format); bytes-like results are reinterpreted with the shape and dtype
+    (their number must match)."""
+    out = fn(compressed, metadata)
     if isinstance(out, (bytes, bytearray, memoryview)):
+        dtype, shape = metadata["dtype"], tuple(metadata["shape"])
         if len(out) != _nbytes(dtype, shape):
             raise ValueError(
                 f"`decompression_fn` {fn!r} returned {len(out)} bytes for a {dtype} tensor of shape "
                 f"{list(shape)}, which has {_nbytes(dtype, shape)}: the data or the function is wrong."
             )
         return bytes_to_tensor(out, dtype, shape)
-    if not isinstance(out, torch.Tensor) or out.dtype != dtype or tuple(out.shape) != tuple(shape):
-        got = type(out).__name__
-        if isinstance(out, torch.Tensor):
-            got = f"a {out.dtype} tensor of shape {list(out.shape)}"
-        raise ValueError(
-            f"`decompression_fn` {fn!r} returned {got}; the item stored was a {dtype} tensor of shape "
-            f"{list(shape)}. Pass the decompression_fn that inverts the compression_fn."
-        )
     return out

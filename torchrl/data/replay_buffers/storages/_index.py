@@ -20,11 +20,12 @@ def _is_bool(index) -> bool:
     return dtype == torch.bool or dtype == np.bool_
 
 
-def as_index_tensor(index, device=None) -> torch.Tensor:
+def as_index_tensor(index, device=None, mask_sizes: tuple[int, ...] | None = None) -> torch.Tensor:
     """A 1-D int64 tensor from a tensor, list, range or ndarray index (boolean masks become positions).
 
     An empty list or tuple is an empty index (numpy would make it float64); an explicitly floating tensor or
-    ndarray is refused, empty or not.
+    ndarray is refused, empty or not. With ``mask_sizes``, a boolean mask must be 1-D and have one of these
+    lengths (the rows it selects from), else ``IndexError``: a shorter mask is not read as a prefix.
     """
     if isinstance(index, range):
         return torch.arange(index.start, index.stop, index.step, device=device)
@@ -37,9 +38,17 @@ def as_index_tensor(index, device=None) -> torch.Tensor:
                 f"tensor/list/ndarray of ints or a boolean mask."
             ) from err
         if not array.size and not isinstance(index, np.ndarray):
-            array = array.astype(np.int64)  # numpy makes an empty list float64; as in numpy, [] selects nothing
+            array = array.astype(
+                np.int64
+            )  # numpy makes an empty list float64; as in numpy, [] selects nothing
         index = torch.as_tensor(array)
     if index.dtype == torch.bool:
+        if mask_sizes is not None and (index.ndim != 1 or index.shape[0] not in mask_sizes):
+            sizes = " or ".join(str(n) for n in dict.fromkeys(mask_sizes))
+            raise IndexError(
+                f"A boolean mask of shape {list(index.shape)} cannot select rows of a storage holding {sizes} "
+                f"rows: pass a 1-D mask of length {sizes} (one flag per row), or the positions as ints."
+            )
         index = index.nonzero().squeeze(-1)
     elif index.is_floating_point() or index.is_complex():
         raise TypeError(f"Storage indices must be integers, got a tensor of dtype {index.dtype}.")
@@ -77,3 +86,40 @@ def check_int(index, size: int, name: str = "index") -> int:
             f"0..{size - 1} (or -{size}..-1)."
         )
     return index % size if size else index
+
+
+def layout_index(index: tuple, ndim: int, dim_extend: int) -> tuple[tuple, int | None]:
+    """Translates a per-dimension ``index`` given in the layout of the data a buffer's ``extend`` receives
+    (rows along dim ``dim_extend``: ``[envs, time]`` for an ``ndim=2`` storage with ``dim_extend=1``) into the
+    storage's own layout (rows first: ``[time, envs]``).
+
+    Returns ``(backing_index, position)``: ``position`` is where the rows dim of a read of ``backing_index`` goes
+    back to in the caller's layout (``None``: the result keeps the storage's order, e.g. the rows entry is an
+    int). Raises ``IndexError`` for what has no unambiguous translation (``...``, ``None``, several index
+    tensors mixed with slices, more entries than ``ndim``).
+
+    Examples:
+        >>> layout_index((0, slice(3, 4)), ndim=2, dim_extend=1)  # env 0, steps 3:4
+        ((slice(3, 4, None), 0), 0)
+        >>> layout_index((slice(None), slice(7, 8)), ndim=2, dim_extend=1)
+        ((slice(7, 8, None), slice(None, None, None)), 1)
+    """
+    if any(i is Ellipsis or i is None for i in index) or len(index) > ndim:
+        raise IndexError(
+            f"Cannot index a {ndim}-dim buffer with {index!r}: pass at most {ndim} entries, each an int, a slice "
+            f"or an index tensor (no `...` or `None`)."
+        )
+    index = tuple(index) + (slice(None),) * (dim_extend + 1 - len(index))
+    backing = (index[dim_extend], *index[:dim_extend], *index[dim_extend + 1 :])
+    kept = [not is_int(i) for i in index]
+    advanced = [not isinstance(i, slice) and k for i, k in zip(index, kept)]
+    if not kept[dim_extend]:
+        return backing, None
+    if sum(advanced) > 1:
+        if all(a or not k for a, k in zip(advanced, kept)):
+            return backing, None  # index tensors broadcast together into one dim
+        raise IndexError(
+            f"Cannot index a {ndim}-dim buffer with {index!r}: several index tensors mixed with slices have no "
+            f"unambiguous layout. Index with one tensor and slices, or read rb[:] and index the result."
+        )
+    return backing, sum(kept[:dim_extend])

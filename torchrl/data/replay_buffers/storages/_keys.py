@@ -12,7 +12,9 @@ fixed structure: every write must carry all of it.
 from __future__ import annotations
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDictBase, is_tensorclass
+
+import torchrl.data.replay_buffers.storages._nontensor as _nt
 
 
 def can_grow(backing: TensorDictBase, shared: bool) -> bool:
@@ -56,3 +58,22 @@ def add_entries(backing: TensorDictBase, stored: list, td: TensorDictBase, lead:
         shape = (*backing.batch_size[:ndim], *src.shape[lead:])
         backing.set(key, torch.zeros(shape, dtype=src.dtype, device=backing.device))
     return keys, bool(added)
+
+
+def check_reserved(data) -> None:
+    """Raises ``ValueError`` if ``data`` (a TensorDict, tensorclass or dict pytree) has a top-level entry named
+    like the reserved key under which tensor storages keep their string entries (see :mod:`._nontensor`)."""
+    reserved = _nt.STRINGS_KEY
+    if isinstance(data, TensorDictBase):
+        keys = data.keys()
+    elif is_tensorclass(data):
+        keys = data._tensordict.keys()
+    elif isinstance(data, dict):
+        keys = data.keys()
+    else:
+        return
+    if reserved in keys:
+        raise ValueError(
+            f"The data written has an entry named {reserved!r}, a key tensor storages reserve for their string "
+            f"entries. Rename that entry (e.g. data.rename_key_({reserved!r}, 'utf8')). Nothing was written."
+        )

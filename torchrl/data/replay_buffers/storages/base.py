@@ -145,9 +145,50 @@ class Storage(Component):
         for entity in self._attached_entities:
             entity.mark_update(index)
 
+    # -- slot generations (kept here so every writer of the storage bumps the same counts; see writers/base.py) -
+    _slot_generations: torch.Tensor | None = None
+
+    def slot_generations(self, rows: int | None = None) -> torch.Tensor | None:
+        """The write count ("generation") of each row, ``-1`` for a row never written: one ``[rows]`` int64
+        tensor that every writer of this storage bumps (see
+        :meth:`RoundRobinWriter.generations_of <torchrl.data.RoundRobinWriter.generations_of>`).
+
+        ``None`` until a writer built with ``track_generations=True`` asks for it by passing ``rows``, which
+        allocates it (all ``-1``; in shared memory for a shared storage). Writers update it in place.
+        """
+        generations = self._slot_generations
+        if rows is not None and (generations is None or generations.numel() != rows):
+            generations = torch.full((int(rows),), -1, dtype=torch.long)
+            if self.is_shared:
+                generations.share_memory_()
+            self._slot_generations = generations
+        return generations
+
+    def load_slot_generations(self, generations: torch.Tensor | None) -> None:
+        """Replaces :meth:`slot_generations` (a writer restoring its checkpoint)."""
+        if generations is not None and self.is_shared:
+            generations.share_memory_()
+        self._slot_generations = generations
+
     # -- conveniences built on the contract -------------------------------------------------------------------
     def __getitem__(self, index):
         return self.get(index)
+
+    def get_in_layout(self, index, dim_extend: int = 0):
+        """``self[index]``, with ``index`` given in the layout of the data a buffer's ``extend`` receives (its
+        items along dim ``dim_extend``), and the result in that layout too.
+
+        What ``rb[index]`` calls. For an ``ndim=2`` tensor storage (backing ``[time, envs]``) written by a
+        buffer with ``dim_extend=1``, ``index`` is ``[envs, time]``: ``rb[0, 3:4]`` is env 0 at step 3. The
+        same as ``self[index]`` for 1-D storages and ``dim_extend=0``.
+        """
+        return self[index]
+
+    def set_in_layout(self, index, value, dim_extend: int = 0) -> None:
+        """``self[index] = value`` with ``index`` and ``value`` in the buffer's layout (see
+        :meth:`get_in_layout`); ``value`` broadcasts to the cells ``index`` selects. What ``rb[index] = value``
+        calls; like item assignment, it moves neither the length nor the newest row."""
+        self[index] = value
 
     def __setitem__(self, index, value) -> None:
         self.set(index, value, set_cursor=False)
@@ -269,7 +310,16 @@ class CheckedWrite:
         self.layout = layout
 
 
+_MAX_POSITIONS = torch.iinfo(torch.int64).max  # positions are int64 indices
+
+
 def _check_max_size(max_size) -> int:
     if isinstance(max_size, torch.SymInt) or (isinstance(max_size, torch.Tensor) and max_size.numel() == 1):
         max_size = int(max_size)
-    return check_positive_int("max_size", max_size)
+    max_size = check_positive_int("max_size", max_size)
+    if max_size > _MAX_POSITIONS:
+        raise ValueError(
+            f"`max_size`={max_size} is larger than any storage can index: positions are int64, so `max_size` "
+            f"must be at most 2**63 - 1 ({_MAX_POSITIONS}). Pass the number of items the storage should hold."
+        )
+    return max_size

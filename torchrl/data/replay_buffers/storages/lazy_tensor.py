@@ -8,7 +8,6 @@ and the other processes map them.
 
 from __future__ import annotations
 
-import warnings
 import weakref
 
 import torch
@@ -17,6 +16,7 @@ from tensordict import TensorDictBase
 from torchrl._validation import check_bool, check_positive_int
 from torchrl.data.replay_buffers._shared.cleanup import make_scratch_dir, remove_owned_path
 from torchrl.data.replay_buffers._shared.row_versions import RowVersions
+from torchrl.data.replay_buffers.errors import torchrl_warning
 from torchrl.data.replay_buffers.storages._shared_init import SharedInit
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
 
@@ -37,7 +37,8 @@ class LazyTensorStorage(TensorStorage):
             workers, ``multiprocessing`` children started before any write). The storage is shared from
             construction; the first writer allocates memory-mapped files in a temporary directory that this
             storage removes with it, and the other processes map them (a read waits for that first write).
-            Data then lives in those files on the host, whatever ``device``. Defaults to ``False``: a storage
+            Data then lives in those files on the host: with another ``device`` the first write warns
+            (``UserWarning``) and :attr:`device` becomes the CPU. Defaults to ``False``: a storage
             shared before its first write must receive that write from the process that shared it.
         consistent_reads (bool): see :class:`TensorStorage`. Defaults to ``True``.
         max_string_bytes (int, optional): the width, in UTF-8 bytes, of each string entry
@@ -77,15 +78,13 @@ class LazyTensorStorage(TensorStorage):
         self.shared_init = check_bool("shared_init", shared_init)
         if max_string_bytes is not None:
             self.max_string_bytes = check_positive_int("max_string_bytes", max_string_bytes)
-        if self.shared_init and device not in ("cpu", "auto", None) and torch.device(device).type != "cpu":
-            warnings.warn(
-                f"{type(self).__name__}(shared_init=True) keeps its data in memory-mapped files on the host: "
-                f"`device`={device!r} is replaced by 'cpu'. Move sampled batches with `.to(device)`.",
-                stacklevel=2,
-            )
-            device = "cpu"
         super().__init__(
-            None, max_size=max_size, device=device, ndim=ndim, compilable=compilable, consistent_reads=consistent_reads
+            None,
+            max_size=max_size,
+            device=device,
+            ndim=ndim,
+            compilable=compilable,
+            consistent_reads=consistent_reads,
         )
         if self.shared_init:
             self.shared_init_state = SharedInit(self._shared_init_dir())
@@ -102,5 +101,8 @@ class LazyTensorStorage(TensorStorage):
         state = self.shared_init_state
         if state is None:
             return super()._allocate(item, rows)
+        if self.device not in (None, "auto") and self.device.type != "cpu":
+            # as in TorchRL, the first write says so (and the storage's device becomes the CPU)
+            torchrl_warning("shared_init_device", device=str(self.device), stacklevel=6)
+            self.device = torch.device("cpu")
         return item.expand(rows, *item.batch_size).memmap_like(prefix=state.directory, existsok=True)
-

@@ -18,6 +18,7 @@ import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
 from torchrl.data.replay_buffers._checkpoint.parts import PartContext
 from torchrl.data.replay_buffers._shared.counters import is_spawning
 from torchrl.data.replay_buffers.checkpointers import ListStorageCheckpointer
+from torchrl.data.replay_buffers.errors import IndexRuntimeError, torchrl_error
 from torchrl.data.replay_buffers.storages._index import as_index_tensor, check_bounds, check_int, is_int
 from torchrl.data.replay_buffers.storages.base import Storage
 
@@ -40,6 +41,17 @@ def _split_batch(data, n: int) -> list:
     if len(items) != n:
         raise ValueError(f"{n} positions were given for a batch of {len(items)} items.")
     return items
+
+
+def _check_write_position(pos: int, size: int, max_size: int) -> None:
+    """Refuses a write position that is neither an existing item nor the next free one, or is past the capacity
+    (an ``IndexError`` that is also the ``RuntimeError`` TorchRL raises there)."""
+    if pos < 0 or pos > size or pos >= max_size:
+        beyond = f", beyond max_size={max_size}" if pos >= max_size else ""
+        raise IndexRuntimeError(
+            f"Cannot write at position {pos} of a list storage holding {size} items (capacity {max_size}"
+            f"{beyond}): positions must be existing items or the next free one."
+        )
 
 
 class ListStorage(Storage):
@@ -73,9 +85,11 @@ class ListStorage(Storage):
     def _to_device(self, item):
         if self.device is None:
             return item
-        return pytree.tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, item) if not (
-            isinstance(item, TensorDictBase) or is_tensorclass(item)
-        ) else item.to(self.device)
+        return (
+            pytree.tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, item)
+            if not (isinstance(item, TensorDictBase) or is_tensorclass(item))
+            else item.to(self.device)
+        )
 
     def set(self, cursor, data, *, set_cursor: bool = True) -> None:
         """Writes one item at an int ``cursor`` (at most ``len(self)``), or a batch at a list of positions."""
@@ -90,21 +104,13 @@ class ListStorage(Storage):
         by_position = dict(zip(positions, items))
         size = len(self._storage)
         for pos in sorted(by_position):  # validate everything before the first write
-            if pos < 0 or pos > size or pos >= self.max_size:
-                raise IndexError(
-                    f"Cannot write at position {pos} of a ListStorage holding {size} items (capacity "
-                    f"{self.max_size}): positions must be existing items or the next free one."
-                )
+            _check_write_position(pos, size, self.max_size)
             size = max(size, pos + 1)
         for pos in sorted(by_position):
             self._set_one(pos, self._to_device(by_position[pos]), len(self._storage))
 
     def _set_one(self, pos: int, item, size: int) -> None:
-        if pos < 0 or pos > size or pos >= self.max_size:
-            raise IndexError(
-                f"Cannot write at position {pos} of a ListStorage holding {size} items (capacity "
-                f"{self.max_size}): positions must be existing items or the next free one."
-            )
+        _check_write_position(pos, size, self.max_size)
         if pos == size:
             self._storage.append(item)
         else:
@@ -115,7 +121,9 @@ class ListStorage(Storage):
         n = len(self._storage)
         if isinstance(index, tuple):
             if len(index) != 1:
-                raise IndexError(f"A ListStorage is indexed along one dimension; got a tuple of {len(index)}.")
+                raise IndexError(
+                    f"A ListStorage is indexed along one dimension; got a tuple of {len(index)}."
+                )
             index = index[0]
         if is_int(index):
             return self._storage[check_int(index, n)]
@@ -154,10 +162,5 @@ class ListStorage(Storage):
 
     def __getstate__(self):
         if is_spawning():
-            raise RuntimeError(  # the first sentence is TorchRL's, which user code may match
-                f"Cannot share a storage of type {type(self).__name__} between processes. It lives in one "
-                f"process's memory and cannot be shared with a spawned process. "
-                "Use LazyTensorStorage or LazyMemmapStorage (shared with workers), or use the 'fork' start "
-                "method (workers then see a snapshot), or num_workers=0."
-            )
+            raise torchrl_error("storage_spawn_list", cls=type(self).__name__)
         return super().__getstate__()

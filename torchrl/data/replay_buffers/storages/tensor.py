@@ -25,29 +25,40 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, lazy_stack
 
 import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
 import torchrl.data.replay_buffers.storages._items as _items
 import torchrl.data.replay_buffers.storages._keys as _keys
 import torchrl.data.replay_buffers.storages._nontensor as _nt
 from torchrl._validation import check_bool, check_positive_int
+from torchrl.data.replay_buffers._checkpoint.format import read_checkpoint
 from torchrl.data.replay_buffers._checkpoint.io import advise_private_tensors
 from torchrl.data.replay_buffers._checkpoint.parts import PartContext, mismatch
 from torchrl.data.replay_buffers._shared.counters import SharedCounters, is_spawning
 from torchrl.data.replay_buffers._shared.lock import NULL_LOCK, ProcessLock
 from torchrl.data.replay_buffers._shared.row_versions import RowVersions
 from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer
+from torchrl.data.replay_buffers.errors import CheckpointError, torchrl_error
 from torchrl.data.replay_buffers.storages._casts import check_cast
 from torchrl.data.replay_buffers.storages._codec import DataCodec
-from torchrl.data.replay_buffers.storages._index import as_index_tensor, check_bounds, check_int, is_int
+from torchrl.data.replay_buffers.storages._index import (
+    as_index_tensor,
+    check_bounds,
+    check_int,
+    is_int,
+    layout_index,
+)
 from torchrl.data.replay_buffers.storages.base import CheckedWrite, Storage, _check_max_size
 
-_COUNTERS = ("rows", "last_row", "revision")
+# rows: the rows counted in len() (and sampled); last_row: the newest; written: one past the highest row holding
+# data, which a write with set_cursor=False may raise without counting the row in len()
+_COUNTERS = ("rows", "last_row", "revision", "written")
 
 
 class TensorStorage(Storage):
@@ -107,7 +118,7 @@ class TensorStorage(Storage):
         self._creator_pid = os.getpid()
         self.device = torch.device(device) if device not in (None, "auto") else device
         if storage is None and max_size is None:
-            raise ValueError("Pass `storage` (a preallocated tensor/TensorDict) or `max_size`, or both.")
+            raise torchrl_error("storage_none")
         self._counters = SharedCounters(_COUNTERS)
         self._counters["last_row"] = -1
         self._storage: TensorDictBase | None = None
@@ -117,6 +128,7 @@ class TensorStorage(Storage):
         self._key_set: set = set()
         self._extra_shape = torch.Size([])
         if storage is not None:
+            _keys.check_reserved(storage)
             codec = DataCodec.for_data(storage)
             backing = codec.encode(storage, batch_dims=self.ndim)
             if backing.batch_dims < self.ndim:
@@ -126,14 +138,11 @@ class TensorStorage(Storage):
                 )
             inferred = backing.batch_size.numel() if self.ndim > 1 else backing.batch_size[0]
             if max_size is not None and _check_max_size(max_size) != inferred:
-                raise ValueError(
-                    f"`max_size`={max_size} does not match the preallocated `storage`, which holds {inferred} "
-                    f"items. Omit `max_size` or pass {inferred}."
-                )
+                raise torchrl_error("storage_max_size", max_size=max_size, rows=inferred)
             super().__init__(inferred, compilable=self._compilable)
             self._adopt(backing, codec)
             # a preallocated storage holds a dataset: every row counts as filled
-            self._counters["rows"] = backing.batch_size[0]
+            self._counters["rows"] = self._counters["written"] = backing.batch_size[0]
             self._counters["last_row"] = backing.batch_size[0] - 1
         else:
             super().__init__(max_size, compilable=self._compilable)
@@ -148,7 +157,11 @@ class TensorStorage(Storage):
     def _adopt(self, backing: TensorDictBase, codec: DataCodec, *, bump: bool = True) -> None:
         if self.device not in (None, "auto") and backing.device != self.device:
             backing = backing.to(self.device)
-        if self._share_on_init and backing.device.type == "cpu" and not (backing.is_shared() or backing.is_memmap()):
+        if (
+            self._share_on_init
+            and backing.device.type == "cpu"
+            and not (backing.is_shared() or backing.is_memmap())
+        ):
             backing.share_memory_()
         if self._counters.is_shared and backing.device.type == "cpu" and self._versions is None:
             self._versions = RowVersions(backing.batch_size[0])
@@ -179,14 +192,26 @@ class TensorStorage(Storage):
         if wait and not state.ready:
             state.wait(type(self).__name__)
         if self._storage is None and state.ready:
+            if self.device not in (None, "auto") and self.device.type != "cpu":
+                self.device = torch.device(
+                    "cpu"
+                )  # shared_init data live in files on the host (warned at init)
             backing, codec = state.open()
             self._adopt(backing, codec, bump=False)
 
     def _allocate(self, item: TensorDictBase, rows: int) -> TensorDictBase:
-        """Preallocates the backing for ``rows`` rows shaped like ``item`` (overridden by memmap storages)."""
+        """Preallocates the backing for ``rows`` rows shaped like ``item`` (overridden by memmap storages).
+
+        Zero-filled, like memory-mapped files: a cell no write reached (a write lacking some stored keys, rows
+        skipped by an index) reads as zero in every storage, never as uninitialised memory. A lazy stack of
+        members of different shapes (``item.get(key)`` ragged) gets a lazy stack of one backing per member.
+        """
+        if _items.is_ragged_stack(item):
+            members = [self._allocate(member, rows) for member in item.tensordicts]
+            return lazy_stack(members, dim=item.stack_dim + 1)
         device = item.device if self.device in (None, "auto") else self.device
         return item.apply(
-            lambda t: torch.empty((rows, *t.shape), dtype=t.dtype, device=device),
+            lambda t: torch.zeros((rows, *t.shape), dtype=t.dtype, device=device),
             batch_size=[rows, *item.batch_size],
             device=device,
         )
@@ -205,7 +230,7 @@ class TensorStorage(Storage):
                 f"Write data with these leading dims (rb.extend takes [env, time, ...] batches with the default "
                 f"`dim_extend`=ndim - 1), or use a storage with ndim=1 for flat data."
             )
-        item = item if item.batch_dims == self.ndim - 1 else _items.with_batch(item, extra)
+        # an item keeps its own batch dims past the grid's: TensorDict items of batch [4] -> backing [rows, 4]
         cells = math.prod(extra) if self.ndim > 1 else 1
         rows = -(-self.max_size // cells)  # ceil: the grid holds at least max_size cells
         if rows < 1:
@@ -235,6 +260,11 @@ class TensorStorage(Storage):
 
     def rows_written(self) -> int:
         return self._counters["rows"]
+
+    def _readable_rows(self) -> int:
+        """The rows that hold data: those counted in ``len()``, and rows ``set(..., set_cursor=False)`` wrote."""
+        counters = self._counters
+        return max(counters["rows"], counters["written"])
 
     @property
     def last_written_row(self) -> int:
@@ -274,34 +304,51 @@ class TensorStorage(Storage):
         return NULL_LOCK if lock is None else lock
 
     def set(self, cursor, data, *, set_cursor: bool = True) -> None:
-        """Writes ``data`` at ``cursor`` (an int for one item, an index for a batch).
+        """Writes ``data`` at ``cursor`` (an int for one item, an index for a batch) of the allocated rows.
+
+        ``set_cursor=False`` writes the same rows but skips the bookkeeping: the length (``len``, the rows
+        sampled) and the newest row do not move; such rows still read back. The first write of a lazy storage
+        allocates it, whatever ``set_cursor`` (zero-filled: cells no write reaches read as zero).
 
         A TensorDict may carry a subset of the stored keys (only those entries are written) or new keys (new
         entries, zero in the other rows; dropped, as in TorchRL, once the storage is shared or memory-mapped), so
-        ``TensorStorage(TensorDict(batch_size=[N]))`` takes the keys of its first write. A Python ``list`` is a
-        batch of items, stacked first; a lazily stacked TensorDict with ragged entries is refused (``ValueError``
-        naming ``ListStorage``). The whole write is validated before any row is touched: keys that differ
-        (tensors, tensorclasses, pytrees), wrong shapes, and values the stored dtype cannot hold (``7.9`` or
-        ``NaN`` into an int64 entry, ``300`` into uint8) raise a ``ValueError`` and nothing is written. On a
-        shared storage it runs under :attr:`write_lock`, and each written row is marked mid-write while it is
-        copied (see ``consistent_reads``).
+        ``TensorStorage(TensorDict(batch_size=[N]))`` takes the keys of its first write. TensorDict and
+        tensorclass items keep their own batch dims (items of batch ``[4]``: a backing of batch
+        ``[rows, 4]``). A Python ``list`` is a batch of items, stacked first (``RuntimeError`` if they do not
+        stack). A lazy stack whose members differ in shape along an inner dim is kept as a lazy stack of one
+        backing per member; one whose items differ in shape is refused (``ValueError`` naming ``ListStorage``).
+        The whole write is validated before any row is touched: keys that differ (tensors, tensorclasses,
+        pytrees), the reserved key ``"_utf8"``, wrong shapes, boolean masks of another length, and values the
+        stored dtype cannot hold (``7.9`` or ``NaN`` into an int64 entry, ``300`` into uint8) raise and nothing
+        is written. On a shared storage it runs under :attr:`write_lock`, and each written row is marked
+        mid-write while it is copied (see ``consistent_reads``).
         """
-        data = _items.as_batch(data)  # a list of items is a batch; a ragged lazy stack is refused
+        self._locked_write(cursor, data, set_cursor, filled_only=False)
+
+    def __setitem__(self, index, value) -> None:
+        """Item assignment: overwrites rows that already hold data (``IndexError`` past them), without moving
+        the length or the newest row (``set(index, value, set_cursor=False)`` may also write new rows)."""
+        self._locked_write(index, value, False, filled_only=True)
+
+    def _locked_write(self, cursor, data, set_cursor: bool, filled_only: bool) -> None:
+        data = _items.as_batch(data)  # a list of items is a batch; a lazy stack of ragged items is refused
+        _keys.check_reserved(data)
         lock = self._lock
         if lock is None:
-            return self._write(cursor, data, set_cursor)
+            return self._write(cursor, data, set_cursor, filled_only)
         with lock:
-            return self._write(cursor, data, set_cursor)
+            return self._write(cursor, data, set_cursor, filled_only)
 
     def check_write(self, data, n: int) -> CheckedWrite | None:
-        if self._storage is None or self.ndim > 1:
+        if self._storage is None or self.ndim > 1 or isinstance(self._storage, LazyStackedTensorDict):
             return None
         data = _items.as_batch(data)
+        _keys.check_reserved(data)
         td, keys = self._encode_checked(data, batch=(n,))
         # a write of other keys than the stored ones may grow the backing: checked again under the lock
         return None if keys is None else CheckedWrite(data, td, self._keys)
 
-    def _write(self, cursor, data, set_cursor: bool) -> None:
+    def _write(self, cursor, data, set_cursor: bool, filled_only: bool = False) -> None:
         checked = None
         if isinstance(data, CheckedWrite):
             checked = data if data.layout is self._keys else None  # re-checked if the layout changed since
@@ -318,11 +365,13 @@ class TensorStorage(Storage):
                     f"buffer before starting the other processes."
                 )
             self._init(data, batched=not single)
-        # item assignment (set_cursor=False) may only overwrite filled rows; writers may also append
-        rows = self._storage.batch_size[0] if set_cursor else self._counters["rows"]
+        # item assignment may only overwrite rows holding data; set() may write any allocated row
+        rows = self._readable_rows() if filled_only else self._storage.batch_size[0]
         if isinstance(cursor, slice):
             cursor = range(*cursor.indices(rows))
-        if single:
+        if isinstance(self._storage, LazyStackedTensorDict):
+            top, last = self._write_members(cursor, data, single, rows)
+        elif single:
             cursor = check_int(cursor, rows, "cursor")
             td, keys = self._encode_checked(data, batch=())
             keys = keys if keys is not None else self._grow(td, self.ndim - 1)
@@ -335,18 +384,19 @@ class TensorStorage(Storage):
                 versions.end()
             top = last = cursor
         elif isinstance(cursor, tuple):
+            cursor = self._cells_index(cursor, rows)
             td = self._codec.encode(data, batch_dims=0)
             versions = self._versions
-            written = None
             if versions is not None:
-                written = np.unique(torch.as_tensor(cursor[0]).reshape(-1).numpy() % self._storage.batch_size[0])
-                versions.begin(written)
+                versions.begin(np.unique(torch.arange(rows)[cursor[0]].reshape(-1).numpy()))
             self._storage[cursor] = td
             if versions is not None:
                 versions.end()
-            top = last = rows - 1
+            top = last = -1  # cells of rows that hold data: no bookkeeping
         else:
-            index = check_bounds(as_index_tensor(cursor, device=self._storage.device), rows, "cursor")
+            masks = (self._readable_rows(), self._storage.batch_size[0])
+            index = as_index_tensor(cursor, device=self._storage.device, mask_sizes=masks)
+            index = check_bounds(index, rows, "cursor")
             if checked is not None and checked.encoded.batch_size[:1] == index.shape:
                 td, keys = checked.encoded, self._keys
             else:
@@ -367,13 +417,115 @@ class TensorStorage(Storage):
             # the last row written is the newest (a wrapped write [8, 9, 0, 1] ends at row 1)
             top, last = (int(index.max()), int(index[-1])) if index.numel() else (-1, -1)
         counters = self._counters
-        if top + 1 > counters["rows"]:
-            counters["rows"] = top + 1
-        if set_cursor and last >= 0:
-            counters["last_row"] = last
+        if set_cursor:  # set_cursor=False skips the length and newest-row bookkeeping
+            if top + 1 > counters["rows"]:
+                counters["rows"] = top + 1
+            if last >= 0:
+                counters["last_row"] = last
+        if top + 1 > counters["written"]:
+            counters["written"] = top + 1
         counters["revision"] += 1
         if self.shared_init_state is not None:
             self._publish_shared_init()
+
+    def _cells_index(self, cursor: tuple, rows: int) -> tuple:
+        """``cursor`` (one entry per dim, ndim > 1) with its rows entry checked against the ``rows`` writable."""
+        if (
+            not cursor
+            or len(cursor) > self._storage.batch_dims
+            or any(c is None or c is Ellipsis for c in cursor)
+        ):
+            raise IndexError(
+                f"Cannot write cells at {cursor!r}: pass one entry per dim of the storage's grid (an int, a slice "
+                f"or an index tensor each), at most {self.ndim}."
+            )
+        first = cursor[0]
+        if is_int(first):
+            first = check_int(first, rows, "cursor")
+        elif isinstance(first, slice) and (first.step is None or first.step > 0):
+            first = slice(*first.indices(rows))
+        else:
+            first = check_bounds(as_index_tensor(first, device=self._storage.device), rows, "cursor")
+        return (first, *cursor[1:])
+
+    def get_in_layout(self, index, dim_extend: int = 0):
+        """Reads ``index`` given in the layout of the data ``extend`` receives (see
+        :meth:`Storage.get_in_layout`).
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage
+            >>> storage = LazyTensorStorage(6, ndim=2)  # 3 steps x 2 envs
+            >>> storage.set(torch.arange(3), TensorDict(t=torch.arange(3).expand(2, 3).T, batch_size=[3, 2]))
+            >>> storage.get_in_layout((0, slice(1, 3)), dim_extend=1)["t"]  # env 0, steps 1 and 2
+            tensor([1, 2])
+            >>> storage.get_in_layout((slice(None), slice(0, 2)), dim_extend=1)["t"].shape  # [envs, steps]
+            torch.Size([2, 2])
+        """
+        if self.ndim == 1 or not dim_extend or not isinstance(index, tuple):
+            return self[index]
+        backing_index, position = layout_index(index, self.ndim, dim_extend)
+        out = self.get(backing_index)
+        if not position:
+            return out
+        return self._codec.decode(_items.move_dim(self._codec.encode(out, batch_dims=0), 0, position))
+
+    def set_in_layout(self, index, value, dim_extend: int = 0) -> None:
+        """Writes ``value`` at ``index``, both in the layout of the data ``extend`` receives (see
+        :meth:`Storage.set_in_layout`); ``value`` broadcasts to the cells selected.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage
+            >>> storage = LazyTensorStorage(6, ndim=2)  # 3 steps x 2 envs
+            >>> storage.set(torch.arange(3), TensorDict(t=torch.zeros(3, 2), batch_size=[3, 2]))
+            >>> storage.set_in_layout((1, slice(0, 2)), TensorDict(t=torch.tensor(5.0)), dim_extend=1)
+            >>> storage.get(slice(None))["t"]  # [steps, envs]: env 1 at steps 0 and 1
+            tensor([[0., 5.],
+                    [0., 5.],
+                    [0., 0.]])
+        """
+        backing = self._storage
+        if self.ndim == 1 or not dim_extend or not isinstance(index, tuple) or backing is None:
+            self[index] = value
+            return
+        backing_index, position = layout_index(index, self.ndim, dim_extend)
+        if position:
+            grid = torch.empty((self._readable_rows(), *backing.batch_size[1 : self.ndim]), device="meta")
+            target = list(grid[self._cells_index(backing_index, grid.shape[0])].shape)
+            target.insert(position, target.pop(0))  # the cells selected, in the caller's layout
+            td = self._codec.encode(_items.as_batch(value), batch_dims=0)
+            shapes = {
+                key if isinstance(key, tuple) else (key,): torch.Size([*target, *leaf.shape[self.ndim :]])
+                for key, leaf in backing.items(include_nested=True, leaves_only=True)
+            }
+            td = _items.move_dim(_items.broadcast_leaves(td, shapes, target), position, 0)
+            value = self._codec.decode(td)
+        self[backing_index] = value
+
+    def _write_members(self, cursor, data, single: bool, rows: int) -> tuple[int, int]:
+        """A write into a backing that is a lazy stack (items holding members of different shapes): checked
+        member by member against the backing's members, then written by each member. Returns (top, last)."""
+        if single:
+            index, batch = check_int(cursor, rows, "cursor"), ()
+        else:
+            masks = (self._readable_rows(), self._storage.batch_size[0])
+            index = as_index_tensor(cursor, device=self._storage.device, mask_sizes=masks)
+            index = check_bounds(index, rows, "cursor")
+            batch = (index.numel(),)
+        td = self._codec.encode(data, batch_dims=len(batch))
+        _items.check_member_write(self._storage, td, batch)
+        versions = self._versions
+        if versions is not None:
+            versions.begin(index if single else index.numpy())
+        self._storage[index] = td
+        if versions is not None:
+            versions.end()
+        if single:
+            return index, index
+        return (int(index.max()), int(index[-1])) if index.numel() else (-1, -1)
 
     def _init_shared(self, data, single: bool) -> None:
         """The first write of a ``shared_init`` storage in this process (under the write lock): maps the files
@@ -394,7 +546,11 @@ class TensorStorage(Storage):
                     f"{list(dst.shape[1:])}). Nothing was written."
                 )
             if src.dtype != dst.dtype:  # refuse casts that would change values (7.9 or NaN into int64)
-                what = "The data written" if self._codec.kind == "tensor" else f"Entry {key!r} of the data written"
+                what = (
+                    "The data written"
+                    if self._codec.kind == "tensor"
+                    else f"Entry {key!r} of the data written"
+                )
                 check_cast(src, dst.dtype, what)
         return td
 
@@ -403,6 +559,12 @@ class TensorStorage(Storage):
         written: a value the cast to the stored dtype would change (see :func:`._casts.check_cast`) is refused.
         Returns the encoded data and the keys to copy: the stored keys, or ``None`` for a TensorDict write of
         other keys (a subset, or new ones: :meth:`_grow` adds them at write time)."""
+        if _items.is_ragged_stack(data):
+            raise ValueError(
+                "Cannot write a lazy stack whose members differ in shape into this storage: its first write "
+                "stored items of one shape (dense entries). Write items of that shape, or give such lazy stacks "
+                "a storage of their own (its first write sets that layout), or a LazyStackStorage."
+            )
         batch_dims = len(batch) + self.ndim - 1
         try:
             td = self._codec.encode(data, batch_dims=batch_dims)
@@ -440,11 +602,17 @@ class TensorStorage(Storage):
         """Encodes ``data`` after widening the string entries too narrow for it, on a private storage."""
         while True:
             fixed = self.max_string_bytes is not None
-            if fixed or err.key not in self._codec.strings or not _keys.can_grow(self._storage, self.is_shared):
+            if (
+                fixed
+                or err.key not in self._codec.strings
+                or not _keys.can_grow(self._storage, self.is_shared)
+            ):
                 raise _nt.StringTooLong(err.key, err.needed, err.width, fixed) from None
             _nt.widen(self._storage, err.key, err.needed)
             self._codec.strings = _nt.string_widths(self._storage)
-            self._keys = list(self._keys)  # a new list: a write checked against the old width is checked again
+            self._keys = list(
+                self._keys
+            )  # a new list: a write checked against the old width is checked again
             try:
                 return self._codec.encode(data, batch_dims=batch_dims)
             except _nt.StringTooLong as again:
@@ -464,7 +632,7 @@ class TensorStorage(Storage):
             raise RuntimeError(
                 "Cannot read from an uninitialized storage: write data first (rb.extend / rb.add)."
             )
-        rows = self._counters["rows"]
+        rows = self._readable_rows()
         if isinstance(index, tuple):
             if len(index) == 1:
                 index = index[0]
@@ -478,7 +646,8 @@ class TensorStorage(Storage):
             return self._codec.decode(self._storage[:rows][index])
         if index is Ellipsis:
             return self._codec.decode(self._storage[:rows])
-        index = check_bounds(as_index_tensor(index, device=self._storage.device), rows)
+        masks = (rows, self._storage.batch_size[0])
+        index = check_bounds(as_index_tensor(index, device=self._storage.device, mask_sizes=masks), rows)
         if self._versions is not None and self.consistent_reads:
             return self._gather_consistent(self._storage, index, index.numpy())
         return self._gather(self._storage, index)
@@ -487,6 +656,8 @@ class TensorStorage(Storage):
         """The rows ``index`` of ``backing``: a tensor for tensor data, else a TensorDict (not decoded)."""
         if self._codec.kind == "tensor":
             return backing.get("_tensor").index_select(0, index)
+        if isinstance(backing, LazyStackedTensorDict):  # items that are lazy stacks: member by member
+            return backing[index]
         n = index.numel()
         return backing.apply(
             lambda t: t.index_select(0, index), batch_size=[n, *backing.batch_size[1:]], device=backing.device
@@ -544,7 +715,7 @@ class TensorStorage(Storage):
         view = self._storage[:rows].reshape(-1, *self._storage.batch_size[self.ndim :])
         flat = TensorStorage(None, max_size=max(1, view.batch_size[0]), device=self.device)
         flat._adopt(view, self._codec)
-        flat._counters["rows"] = view.batch_size[0]
+        flat._counters["rows"] = flat._counters["written"] = view.batch_size[0]
         flat._counters["last_row"] = view.batch_size[0] - 1
         return flat
 
@@ -569,7 +740,11 @@ class TensorStorage(Storage):
         """
         self._share_on_init = True
         backing = self._storage
-        if backing is not None and backing.device.type == "cpu" and not (backing.is_shared() or backing.is_memmap()):
+        if (
+            backing is not None
+            and backing.device.type == "cpu"
+            and not (backing.is_shared() or backing.is_memmap())
+        ):
             backing.share_memory_()
         self._make_shared()
         return self
@@ -602,7 +777,7 @@ class TensorStorage(Storage):
     # -- state --------------------------------------------------------------------------------------------------
     def _empty(self) -> None:
         with self.write_lock:
-            self._counters["rows"] = 0
+            self._counters["rows"] = self._counters["written"] = 0
             self._counters["last_row"] = -1
             self._counters["revision"] += 1
 
@@ -612,7 +787,15 @@ class TensorStorage(Storage):
         return checkpointer if getattr(checkpointer, "storage_layout", None) is not None else None
 
     def state_dict(self) -> dict[str, Any]:
+        """The content (a clone of the backing), the data codec and the counters.
+
+        Pytree contents are refused (``TypeError``, as in TorchRL): save them with :meth:`dumps`.
+        """
         self.initialized  # noqa: B018 (maps the files of a shared_init storage written by another process)
+        if self._codec is not None and self._codec.kind == "pytree":
+            raise torchrl_error(
+                "storage_pytree_state_dict", cls=type(self).__name__, got="a pytree of tensors"
+            )
         return {
             "_storage": None if self._storage is None else self._storage.clone(),
             "_codec": None if self._codec is None else self._codec.to_json(),
@@ -628,7 +811,7 @@ class TensorStorage(Storage):
             return
         if not isinstance(backing, TensorDictBase):
             backing = TensorDict.from_dict(backing)
-        codec = DataCodec.from_json(state_dict["_codec"])
+        codec = self._codec_for_load(state_dict["_codec"])
         if not self.initialized:
             rows = backing.batch_size[0]
             self._adopt(self._allocate(backing[0], rows), codec)
@@ -642,7 +825,7 @@ class TensorStorage(Storage):
             if versions is not None:
                 versions.end()
             self._use_codec(codec)
-            self._counters["rows"] = int(state_dict["_len"])
+            self._counters["rows"] = self._counters["written"] = int(state_dict["_len"])
             self._counters["last_row"] = int(state_dict.get("_last_row", int(state_dict["_len"]) - 1))
             self._counters["revision"] += 1
         self._publish_shared_init()
@@ -669,18 +852,80 @@ class TensorStorage(Storage):
                 raise mismatch("the storage layout", saved, here or "standard", fix)
             return layout.check_storage_part(self, doc, tensors, ctx)
         _ckpt.check_tensor_storage_part(self, self._storage, doc, tensors, ctx)
+        if doc.get("initialized"):
+            self._codec_for_load(doc["codec"], warn=False)
+
+    def check_fillable(self, path) -> None:
+        """Raises ``RuntimeError`` if this storage holds no data and the storage checkpoint at ``path`` holds
+        tensors or a pytree: as in TorchRL, :class:`~torchrl.data.TensorStorageCheckpointer` fills such data only
+        into a storage that holds data already. (``rb.loads`` of a whole buffer rebuilds any layout.)
+
+        Examples:
+            >>> import os, tempfile, torch
+            >>> from torchrl.data import LazyTensorStorage
+            >>> storage = LazyTensorStorage(4)
+            >>> storage.set(range(4), torch.arange(4.0))
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     storage.dumps(os.path.join(d, "s"))
+            ...     storage.check_fillable(os.path.join(d, "s"))  # holds data: fine
+            ...     try:
+            ...         LazyTensorStorage(4).check_fillable(os.path.join(d, "s"))
+            ...     except RuntimeError as err:
+            ...         print("refused:", "LazyTensorStorage.loads" in str(err))
+            refused: True
+        """
+        if self.initialized:
+            return
+        _, metadata = read_checkpoint(path, verify=False)
+        component = metadata.get("component")
+        doc = component.get("doc") if isinstance(component, dict) else None
+        codec = doc.get("codec") if isinstance(doc, dict) and doc.get("initialized") else None
+        kind = codec.get("kind") if isinstance(codec, dict) else None
+        if kind in ("tensor", "pytree"):
+            got = "a tensor" if kind == "tensor" else "a pytree of tensors"
+            raise torchrl_error("storage_fill_uninitialized", got=got, cls=type(self).__name__)
+
+    def _codec_for_load(self, desc: dict, warn: bool = True) -> DataCodec:
+        """The codec of saved data described by ``desc``: the storage's own for its tensorclass (one that cannot
+        be imported, e.g. defined in a function, loads into a storage that holds it); else resolved by name,
+        with a tensorclass this process does not define loaded as TensorDicts (``UserWarning``)."""
+        mine = self._codec
+        if (
+            mine is not None
+            and mine.kind == "tensorclass"
+            and isinstance(desc, dict)
+            and desc == mine.to_json()
+        ):
+            return DataCodec("tensorclass", tensorclass=mine.tensorclass)
+        try:
+            return DataCodec.from_json(desc)
+        except CheckpointError:  # a name that is something else here: a crafted checkpoint, not a missing class
+            raise
+        except ValueError:
+            if not isinstance(desc, dict) or desc.get("kind") != "tensorclass":
+                raise
+        if warn:
+            warnings.warn(
+                f"The saved data are instances of the tensorclass {desc.get('tensorclass')!r}, which this "
+                f"process cannot import (e.g. a class defined inside a function): {type(self).__name__} loads "
+                f"them as TensorDicts. Write one instance into the storage before loading to get that class back.",
+                UserWarning,
+                stacklevel=4,
+            )
+        return DataCodec("tensordict")
 
     def load_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
         if doc.get("layout") is not None:
             return self._layout_checkpointer().load_storage_part(self, doc, tensors, ctx)
         if not doc.get("initialized"):
             return self._empty()
-        codec = DataCodec.from_json(doc["codec"])
+        codec = self._codec_for_load(doc["codec"])
         if self._storage is None:
             self._adopt(self._backing_for_checkpoint(doc, tensors), codec)
         _ckpt.copy_saved_rows(doc, tensors, self._storage)
         self._use_codec(codec)
         self._counters["rows"], self._counters["last_row"] = doc["rows"], doc["last_row"]
+        self._counters["written"] = doc["rows"]
         self._counters["revision"] += 1
         self._publish_shared_init()
 
@@ -704,4 +949,3 @@ class TensorStorage(Storage):
     def __repr__(self) -> str:
         fields = "uninitialized" if self._storage is None else f"shape={list(self.shape)}"
         return f"{type(self).__name__}(max_size={self.max_size}, len={len(self)}, {fields}, device={self.device})"
-
