@@ -79,6 +79,30 @@ class Writer(Component):
         rows = _rows_of(index, 1 if self._storage is None else self._storage.ndim)
         return torch.full(rows.shape, -1, dtype=torch.long)
 
+    # NOTE [slot generations]: the write count of each storage row lives on the storage
+    # (``Storage.slot_generations``), allocated once a writer built with ``track_generations=True`` uses it. Every
+    # writer of that storage bumps it, tracking or not: a write adds 1 per time a row is written (a row written
+    # 3 times by one ``extend`` gains 3), ``empty()`` adds 1 to every row written. So a buffer's handles go
+    # stale when another buffer (or another writer) overwrites rows of a storage they share.
+    def _bump_generations(self, storage, rows: int, written) -> None:
+        """Adds one to the generation of each row of ``written`` (repetitions count), if the storage keeps
+        generations (allocating them for a writer that tracks generations)."""
+        generations = storage.slot_generations(rows if self.tracks_generations else None)
+        if generations is None or generations.numel() != rows:
+            return
+        written = torch.as_tensor(written, dtype=torch.long).reshape(-1)
+        if written.numel() == 1:
+            generations[int(written)] += 1
+        else:
+            generations.index_add_(0, written, torch.ones_like(written))
+
+    def _bump_written_generations(self) -> None:
+        """``empty()``: adds one to the generation of every row written so far (see NOTE [slot generations])."""
+        storage = self._storage
+        generations = None if storage is None else storage.slot_generations()
+        if generations is not None:
+            generations[generations >= 0] += 1
+
     @property
     def write_count(self) -> int:
         """The number of items written (offered, for a max-value writer) since creation or the last
@@ -93,6 +117,9 @@ class Writer(Component):
         """
         if self._counters is not None:
             self._counters.share_memory_()
+        generations = None if self._storage is None else self._storage.slot_generations()
+        if generations is not None:
+            generations.share_memory_()
         return self
 
     def _require_storage(self):
@@ -188,11 +215,23 @@ def take_last(data, n: int):
 
 
 def _rows_of(index, ndim: int) -> torch.Tensor:
-    """The storage rows of ``index``: an int, a tensor of rows, a tuple of per-dim tensors (rows first) or,
-    for a storage with ``ndim > 1``, ``[..., ndim]`` cell coordinates (as ``rb.extend`` returns them)."""
+    """The storage rows of ``index``: an int, a tensor of rows (a 1-D tensor is a batch of rows, whatever the
+    storage's ``ndim``), a tuple of per-dim tensors (rows first; a tuple of 0-d tensors is one cell) or, for a
+    storage with ``ndim > 1``, ``[N, ndim]`` cell coordinates (as ``rb.extend`` returns them)."""
     if isinstance(index, tuple):
         index = index[0]
     index = torch.as_tensor(index, dtype=torch.long)
-    if ndim > 1 and index.ndim >= 1 and index.shape[-1] == ndim:
+    if ndim > 1 and index.ndim >= 2 and index.shape[-1] == ndim:
         index = index[..., 0]
     return index
+
+
+def _generations_at(generations: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
+    """The generation of each of ``rows`` (any shape); ``-1`` for rows out of range (negative included) or
+    when there are no ``generations``."""
+    out = torch.full(rows.shape, -1, dtype=torch.long)
+    if generations is None:
+        return out
+    valid = (rows >= 0) & (rows < generations.numel())
+    out[valid] = generations[rows[valid]]
+    return out

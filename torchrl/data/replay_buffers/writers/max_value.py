@@ -24,14 +24,15 @@ So after any sequence of writes the stored ranks are exactly the ``k`` largest r
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDictBase, is_tensor_collection
 
 from torchrl._validation import check_bool
 from torchrl.data.replay_buffers._shared.counters import is_spawning
-from torchrl.data.replay_buffers.errors import TypeRuntimeError
+from torchrl.data.replay_buffers.errors import torchrl_error
 from torchrl.data.replay_buffers.writers.base import Writer
 
 _REDUCTIONS = ("max", "min", "mean", "median", "sum")
@@ -85,9 +86,12 @@ class TensorDictMaxValueWriter(Writer):
     Keyword Args:
         compilable (bool): accepted for TorchRL compatibility; no effect here. Defaults to ``False``.
 
-    :attr:`cursor` (alias ``_cursor``) is the number of filled slots: it moves with each item written while
-    the storage fills, then stays at the capacity. This writer does not track generations
-    (``tracks_generations`` is ``False``).
+    :attr:`cursor` is the number of filled slots: it moves with each item written while the storage fills,
+    then stays at the capacity. ``_cursor`` (TorchRL's name, read by user code) is TorchRL's value: the slot
+    the next item goes to while the storage fills, modulo the capacity, so ``0`` once the storage is full
+    (a replacement reuses the slot it evicts). This writer does not track generations
+    (``tracks_generations`` is ``False``), but its writes count in the generations of a storage it shares
+    with a writer that does.
 
     .. note:: Only 1-D storages with a finite capacity are supported (``register_storage`` raises otherwise).
         The fill cursor and the write count live in shared memory like :class:`RoundRobinWriter`'s, and so
@@ -131,6 +135,13 @@ class TensorDictMaxValueWriter(Writer):
         return self._reduction
 
     @property
+    def _cursor(self) -> int:
+        """TorchRL's cursor: the next free slot while the storage fills, ``0`` once it is full (read-only)."""
+        filled = self.cursor
+        capacity = 0 if self._ranks is None else self._ranks.numel()
+        return filled % capacity if capacity else filled
+
+    @property
     def ranks(self) -> torch.Tensor:
         """A copy of the rank of the item in each filled slot, in slot order."""
         if self._ranks is None:
@@ -169,11 +180,8 @@ class TensorDictMaxValueWriter(Writer):
     # -- ranks -----------------------------------------------------------------------------------------------
     def _ranks_of(self, data, batched: bool) -> torch.Tensor:
         """One float64 rank per item (``[N]`` for a batch, ``[1]`` for one item)."""
-        if not isinstance(data, TensorDictBase):
-            raise TypeRuntimeError(  # a TypeError, and the RuntimeError TorchRL raises here
-                f"TensorDictMaxValueWriter writes TensorDicts, got {type(data).__name__}. Wrap the data in a "
-                f"TensorDict holding the `rank_key` entry {self._rank_key!r}, or use RoundRobinWriter."
-            )
+        if not is_tensor_collection(data):  # a TypeError, and the RuntimeError TorchRL raises here
+            raise torchrl_error("max_value_writer_data", cls=type(self).__name__, got=_described(data))
         if batched and not data.batch_dims:
             raise ValueError(
                 "extend() takes a batch whose first dim indexes items; got a TensorDict with no batch dim. "
@@ -266,6 +274,7 @@ class TensorDictMaxValueWriter(Writer):
         self._commit(ranks, slots, winners, 1, floor)
         if slot < 0:
             return None
+        self._bump_generations(storage, self._capacity(), slot)
         storage.mark_update(slot)
         return slot
 
@@ -286,11 +295,13 @@ class TensorDictMaxValueWriter(Writer):
             storage.set(slots, data if winners.numel() == n else data[winners])
         self._commit(ranks, slots, winners, n, floor)
         if slots.numel():
+            self._bump_generations(storage, self._capacity(), slots)
             storage.mark_update(slots)
         return index
 
     def _empty(self, empty_write_count: bool = True) -> None:
         self._counters["cursor"] = 0
+        self._bump_written_generations()
         self._floor.fill_(float("-inf"))
         if self._ranks is not None:
             self._ranks.fill_(float("-inf"))
@@ -341,11 +352,7 @@ class TensorDictMaxValueWriter(Writer):
     def __getstate__(self):
         # as in TorchRL: decisions are not synchronized across processes, so a spawned process gets no copy
         if is_spawning():
-            raise RuntimeError(
-                f"A {type(self).__name__} cannot be shared between processes: its top-k decisions are not "
-                f"synchronized across processes. Write from one process: use num_workers=0, or the 'fork' "
-                f"start method for DataLoader workers that only sample, or a RoundRobinWriter."
-            )
+            raise torchrl_error("max_value_writer_spawn", cls=type(self).__name__)
         return super().__getstate__()
 
     def __repr__(self) -> str:
@@ -355,12 +362,25 @@ class TensorDictMaxValueWriter(Writer):
         )
 
 
+def _described(data) -> str:
+    """What a write received, for the message refusing it (``"a Tensor of shape [3]"``, ``"a dict"``, ...)."""
+    if isinstance(data, torch.Tensor):
+        return f"a Tensor of shape {list(data.shape)}"
+    if isinstance(data, (list, tuple)):
+        inner = f" of {type(data[0]).__name__}" if data else ""
+        return f"a {type(data).__name__}{inner} (a batch of items, as a ListStorage holds them)"
+    return f"a {type(data).__name__}"
+
+
 def _new_ranks(capacity: int) -> torch.Tensor:
     return torch.full((capacity,), float("-inf"), dtype=torch.float64).share_memory_()
 
 
-def _set_index(data: TensorDictBase, index: torch.Tensor) -> None:
-    """Writes the slot of each item (``-1`` if not inserted) in the ``"index"`` entry, over all batch dims."""
+def _set_index(data, index: torch.Tensor) -> None:
+    """Writes the slot of each item (``-1`` if not inserted) in the ``"index"`` entry, over all batch dims (a
+    tensorclass without an ``index`` field gets none)."""
+    if not isinstance(data, TensorDictBase) and "index" not in {f.name for f in dataclasses.fields(data)}:
+        return
     index = index.to(device=data.device) if data.device is not None else index
     if data.batch_dims > index.ndim:
         index = index.reshape(*index.shape, *([1] * (data.batch_dims - index.ndim)))

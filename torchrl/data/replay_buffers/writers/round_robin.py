@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from torchrl._validation import check_bool, is_int
-from torchrl.data.replay_buffers.writers.base import Writer, _rows_of, batch_len, take_last
+from torchrl.data.replay_buffers.writers.base import Writer, _generations_at, _rows_of, batch_len, take_last
 
 
 class RoundRobinWriter(Writer):
@@ -40,30 +40,48 @@ class RoundRobinWriter(Writer):
     """
 
     fills_free_slots = True
+    _pending_generations: torch.Tensor | None = None  # generations loaded before register_storage
 
     def __init__(self, compilable: bool = False, *, track_generations: bool = False) -> None:
         self._compilable = False if compilable is None else check_bool("compilable", compilable)
         self.tracks_generations = check_bool("track_generations", track_generations)
-        self._generation: torch.Tensor | None = None  # [rows] int64, allocated at the first write
         self._init_counters()
 
-    def _bump_generations(self, storage, rows: int, written) -> None:
-        if not self.tracks_generations:
-            return
-        if self._generation is None or self._generation.numel() != rows:
-            self._generation = torch.full((rows,), -1, dtype=torch.long)
-            if storage.is_shared:
-                self._generation.share_memory_()
-        self._generation[torch.as_tensor(written, dtype=torch.long)] += 1
+    def register_storage(self, storage) -> None:
+        """Sets the storage; a writer that tracks generations makes the storage keep them (see NOTE [slot
+        generations] in :mod:`torchrl.data.replay_buffers.writers.base`)."""
+        super().register_storage(storage)
+        pending, self._pending_generations = self._pending_generations, None
+        if pending is not None:  # loaded before the writer had a storage
+            storage.load_slot_generations(pending)
+        elif self.tracks_generations and storage.slot_generations() is None:
+            rows = _known_rows(storage)
+            if rows is not None:  # rows written before generations were kept count as written once
+                storage.slot_generations(rows)[: storage.rows_written()] = 0
 
     def generations_of(self, index) -> torch.Tensor:
-        """How many times each slot of ``index`` was written (``int64``, the shape of the row index), counted
-        from ``0`` at the first write; ``-1`` for a slot never written or a writer built without
-        ``track_generations=True``."""
-        rows = _rows_of(index, 1 if self._storage is None else self._storage.ndim)
-        if self._generation is None:
+        """How many times each slot of ``index`` was written (``int64``), counted from ``0`` at the first write.
+
+        ``-1`` for a slot never written, out of range (negative included) or a writer built without
+        ``track_generations=True``. The counts live on the storage, so writes by another writer of the same
+        storage count too, and ``empty()`` adds one to every written slot. ``index`` is an int (0-d result),
+        a tensor of rows (a 1-D tensor is a batch of rows, also on ``ndim > 1`` storages), ``[N, ndim]`` cell
+        coordinates (``[N]`` result) or a tuple of per-dim tensors (the shape of its tensors).
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage, RoundRobinWriter
+            >>> writer = RoundRobinWriter(track_generations=True)
+            >>> writer.register_storage(LazyTensorStorage(4))
+            >>> _ = writer.extend(torch.arange(10))  # slots 0, 1 written 3 times, slots 2, 3 twice
+            >>> writer.generations_of(torch.tensor([0, 1, 2, 3, -1, 4])).tolist()
+            [2, 2, 1, 1, -1, -1]
+        """
+        storage = self._storage
+        rows = _rows_of(index, 1 if storage is None else storage.ndim)
+        if not self.tracks_generations or storage is None:
             return torch.full(rows.shape, -1, dtype=torch.long)
-        return self._generation[rows].clone()
+        return _generations_at(storage.slot_generations(), rows)
 
     def _prepare(self, data, index):
         """Hook for subclasses to edit the data knowing where it goes (``index`` a row or row tensor, or
@@ -135,7 +153,7 @@ class RoundRobinWriter(Writer):
         """Hook for subclasses whose :meth:`_prepare` left a placeholder to fill once ``index`` is known."""
 
     def _advance(self, storage, cursor: int, n: int, rows: int, index, written) -> torch.Tensor:
-        self._bump_generations(storage, rows, written)
+        self._bump_generations(storage, rows, index)  # every repetition of a row counts
         self._counters["cursor"] = (cursor + n) % rows
         self._counters["write_count"] += n
         storage.mark_update(self._replicate_index(written))
@@ -214,25 +232,50 @@ class RoundRobinWriter(Writer):
 
     def _empty(self, empty_write_count: bool = True) -> None:
         self._counters["cursor"] = 0
-        if self._generation is not None:
-            self._generation[self._generation >= 0] += 1
+        self._bump_written_generations()
         if empty_write_count:
             self._counters["write_count"] = 0
 
     def state_dict(self) -> dict[str, Any]:
         state = {"_cursor": self.cursor, "_write_count": self.write_count}
-        if self._generation is not None:
-            state["_generation"] = self._generation.clone()
+        generations = (
+            None if self._storage is None or not self.tracks_generations else self._storage.slot_generations()
+        )
+        if generations is not None:
+            state["_generation"] = generations.clone()
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        generations = state_dict.get("_generation") if self.tracks_generations else None
+        if generations is not None:
+            generations = torch.as_tensor(generations, dtype=torch.long).reshape(-1).clone()
+            rows = _known_rows(self._storage)
+            if rows is not None and generations.numel() != rows:
+                raise ValueError(
+                    f"The writer state holds the generations of {generations.numel()} slots; this writer's "
+                    f"storage has {rows} rows. Load a state saved with a storage of the same capacity."
+                )
         self._counters["cursor"] = int(state_dict["_cursor"])
         self._counters["write_count"] = int(state_dict.get("_write_count", 0))
-        if self.tracks_generations and "_generation" in state_dict:
-            self._generation = torch.as_tensor(state_dict["_generation"], dtype=torch.long).clone()
+        if generations is not None:
+            if self._storage is None:  # they live on the storage: installed by register_storage
+                self._pending_generations = generations
+            else:
+                self._storage.load_slot_generations(generations)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(cursor={self.cursor}, write_count={self.write_count})"
+
+
+def _known_rows(storage) -> int | None:
+    """The rows of ``storage``, or ``None`` without a storage or before an ``ndim > 1`` lazy storage sized
+    them (at its first write)."""
+    if storage is None:
+        return None
+    try:
+        return storage._max_size_along_dim0()
+    except RuntimeError:
+        return None
 
 
 class _Prepared:
