@@ -33,6 +33,13 @@ def _flat(index, storage) -> torch.Tensor:
     return torch.stack(index, -1) @ torch.tensor([storage.shape[1], 1])
 
 
+def _q(sampler: PrioritizedSampler, p: float) -> float:
+    """What the trees hold for the raw priority ``p``: ``(p + eps) ** alpha`` at the precision of the leaves
+    (float32 for the default ``dtype=torch.float``, as TorchRL's float32 trees)."""
+    q = (p + sampler.eps) ** sampler.alpha
+    return q if sampler.dtype is torch.float64 else float(np.float32(q))
+
+
 def _sampler(capacity: int, *, seed: int = 0, **kwargs) -> PrioritizedSampler:
     kwargs = {"alpha": 0.7, "beta": 0.5, **kwargs}
     sampler = PrioritizedSampler(capacity, **kwargs)
@@ -123,7 +130,7 @@ def test_new_items_get_the_largest_priority_seen():
     sampler.extend(torch.tensor([3, 4]))
     sampler.add(5)
     sampler.mark_update(torch.tensor([6]), storage=_storage(10))
-    expected = (5.0 + sampler.eps) ** sampler.alpha
+    expected = _q(sampler, 5.0)
     assert sampler._sum_tree[torch.arange(3, 7)].tolist() == [expected] * 4
     assert sampler._sum_tree[7] == 0.0
 
@@ -135,7 +142,7 @@ def test_max_priority_within_buffer_forgets_overwritten_items():
     assert sampler.default_priority == 5.0
     sampler.extend(torch.tensor([1]))  # overwrites the item holding 5.0: the max left is 2.0
     assert sampler.default_priority == 2.0
-    assert sampler._sum_tree[1] == (2.0 + sampler.eps) ** sampler.alpha
+    assert sampler._sum_tree[1] == _q(sampler, 2.0)
     sampler.extend(torch.tensor([1]))  # a second notice of the same write changes nothing
     assert sampler.default_priority == 2.0
     sampler.update_priority(2, 0.1)  # lowering the max item lowers the default to the next largest
@@ -150,7 +157,7 @@ def test_index_minus_one_entries_are_ignored():
     before = sampler._sum_tree[:].copy()
     sampler.update_priority(torch.tensor([-1, 2, -1]), torch.tensor([9.0, 3.0, 9.0]))
     after = sampler._sum_tree[:]
-    assert after[2] == (3.0 + sampler.eps) ** sampler.alpha
+    assert after[2] == _q(sampler, 3.0)
     np.testing.assert_array_equal(np.delete(after, 2), np.delete(before, 2))
     assert sampler.default_priority == 3.0  # the 9.0 at -1 was not seen
     sampler.update_priority(torch.tensor([-1, -1]), 50.0)
@@ -164,7 +171,7 @@ def test_index_minus_one_entries_are_ignored():
 def test_repeated_index_takes_the_last_priority():
     sampler = _sampler(4)
     sampler.update_priority(torch.tensor([1, 1, 2, 1]), torch.tensor([7.0, 1.0, 3.0, 2.0]))
-    assert sampler._priority[1] == 2.0 and sampler._sum_tree[1] == (2.0 + sampler.eps) ** sampler.alpha
+    assert sampler._priority[1] == 2.0 and sampler._sum_tree[1] == _q(sampler, 2.0)
 
 
 @pytest.mark.parametrize(
@@ -277,12 +284,14 @@ def test_state_dict_round_trip_gives_the_same_next_samples():
 @pytest.mark.parametrize(
     "change, match",
     [
-        ({"max_capacity": 51}, "max_capacity=51"),
-        ({"alpha": -1.0}, "`alpha`"),
-        ({"priority": torch.zeros(3)}, "3 entries"),
-        ({"sum_tree": {"capacity": 50, "values": -torch.ones(50)}}, ">= 0"),
-        ({"max_priority": -1.0}, "`max_priority`"),
-        ({"max_priority_index": 50}, "`max_priority_index`"),
+        ({"_max_capacity": 51}, "max_capacity=51"),
+        ({"_alpha": -1.0}, "alpha must be greater or equal"),
+        ({"_priority": torch.zeros(3)}, "3 raw priorities"),
+        ({"_sum_tree": {"capacity": 64, "values": -torch.ones(64)}}, ">= 0"),
+        ({"_sum_tree": {"capacity": 64, "values": torch.ones(64)}}, "min tree"),
+        ({"_max_priority": (-1.0, 0)}, "`max_priority`"),
+        ({"_max_priority": (2.0, 64)}, "index of the max priority"),
+        ({"_schema_version": 2}, "schema 1"),
     ],
 )
 def test_bad_state_dict_raises_and_leaves_the_sampler_unchanged(change, match):
@@ -292,10 +301,10 @@ def test_bad_state_dict_raises_and_leaves_the_sampler_unchanged(change, match):
     snapshot = sampler.state_dict()
     with pytest.raises(ValueError, match=match):
         sampler.load_state_dict(state)
-    assert torch.equal(sampler.state_dict()["sum_tree"]["values"], snapshot["sum_tree"]["values"])
-    assert sampler.alpha == snapshot["alpha"]
+    assert torch.equal(sampler.state_dict()["_sum_tree"]["values"], snapshot["_sum_tree"]["values"])
+    assert sampler.alpha == snapshot["_alpha"] and sampler.state_dict()["_max_priority"] == snapshot["_max_priority"]
     missing = sampler.state_dict()
-    del missing["sum_tree"]
+    del missing["_sum_tree"]
     with pytest.raises(ValueError, match="missing"):
         sampler.load_state_dict(missing)
     with pytest.raises(TypeError, match="`state_dict`"):
@@ -307,9 +316,11 @@ def test_alpha_setter_re_expresses_stored_priorities_and_beta_setter_changes_wei
     sampler = _sampler(8, alpha=0.0, eps=0.0)
     sampler.update_priority(torch.arange(8), torch.arange(1, 9).double())
     assert sampler._sum_tree.query() == 8.0  # alpha = 0: uniform
-    with pytest.warns(UserWarning, match="from 0"):  # as TorchRL warns
-        sampler.alpha = 2.0
-    assert sampler._sum_tree[:].tolist() == [float(i * i) for i in range(1, 9)]
+    with pytest.warns(UserWarning, match="away from 0"):  # as TorchRL: the entries keep 1.0 until updated
+        sampler.alpha = 1.0
+    assert sampler._sum_tree.query() == 8.0
+    sampler.alpha = 2.0  # from a non-zero alpha: the stored priorities are re-expressed
+    assert sampler._sum_tree[:8].tolist() == [float(i * i) for i in range(1, 9)]
     assert sampler._min_tree.query() == 1.0
     sampler.beta = 0.0
     assert (sampler.sample(storage, 100)[1]["priority_weight"] == 1).all()
@@ -330,17 +341,18 @@ def test_empty_resets_priorities():
     assert sampler.sample(storage, 2)[0].shape == (2,)
 
 
-def test_uses_the_generator_or_torch_global_rng_never_numpy_global_rng():
+def test_uses_the_generator_or_else_numpy_global_rng_never_torch_global_rng():
     storage = _storage(30)
     sampler = PrioritizedSampler(30, alpha=0.9, beta=0.4)
     sampler.update_priority(torch.arange(30), torch.arange(30) + 1.0)
-    numpy_state = np.random.get_state()[1].copy()
     results = []
-    for numpy_seed in (0, 1):
-        np.random.seed(numpy_seed)
-        torch.manual_seed(5)
+    for torch_seed in (0, 1):  # without a generator, as TorchRL: numpy's global generator
+        np.random.seed(5)
+        torch.manual_seed(torch_seed)
         results.append(sampler.sample(storage, 100)[0])
     assert torch.equal(*results)
+    np.random.seed(6)
+    assert not torch.equal(sampler.sample(storage, 100)[0], results[0])
     np.random.seed(123)
     numpy_state = np.random.get_state()[1].copy()
     sampler._rng = torch.Generator().manual_seed(0)
@@ -356,7 +368,7 @@ def test_is_stateful_for_dataloader_workers():
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        ({"alpha": -0.1}, ValueError, "`alpha`"),
+        ({"alpha": -0.1}, ValueError, "alpha must be greater or equal"),
         ({"beta": -1}, ValueError, "`beta`"),
         ({"alpha": float("nan")}, ValueError, "`alpha`"),
         ({"alpha": "1"}, TypeError, "`alpha`"),
@@ -380,7 +392,7 @@ def test_bad_setter_values_raise_and_keep_the_old_value():
     sampler = _sampler(4)
     for name, bad in (("alpha", -1.0), ("beta", -1.0), ("reduction", "prod")):
         old = getattr(sampler, name)
-        with pytest.raises(ValueError, match=f"`{name}`"):
+        with pytest.raises(ValueError, match=f"`{name}`" if name != "alpha" else "alpha must be greater or equal"):
             setattr(sampler, name, bad)
         assert getattr(sampler, name) == old
     sampler.reduction = "mean"
@@ -401,7 +413,7 @@ def test_rounding_overshoots_are_repaired_to_the_closest_positive_item_before():
 @pytest.mark.parametrize(
     "index, priority, error, match",
     [
-        (torch.tensor([10]), 1.0, IndexError, "out of range"),
+        (torch.tensor([16]), 1.0, IndexError, "out of range"),  # the trees of max_capacity=10 hold 16
         (torch.tensor([-2]), 1.0, IndexError, "out of range"),
         (torch.tensor([0, 1]), [1.0, -1.0], ValueError, ">= 0"),
         (torch.tensor([0]), float("nan"), ValueError, ">= 0"),

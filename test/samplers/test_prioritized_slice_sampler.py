@@ -144,41 +144,38 @@ def _buffer(span, strict_length=True) -> TensorDictReplayBuffer:
 
 
 def _slices(rb, draws: int = 200):
+    """The slices of ``draws`` batches, each cut after its step marked truncated (a slice's last step)."""
     for _ in range(draws):
         batch = rb.sample()
-        assert batch.shape == (SLICE_LEN * NUM_SLICES,)
-        yield batch.view(NUM_SLICES, SLICE_LEN)
+        ends = batch["next", "truncated"].squeeze(-1).nonzero().squeeze(-1)
+        assert ends.numel() == NUM_SLICES and ends[-1] == batch.numel() - 1
+        yield from torch.tensor_split(batch, (ends[:-1] + 1).tolist())
 
 
 @pytest.mark.parametrize("span", [False, (False, True), 3, (False, 3)])
 def test_every_trajectory_is_sampled_the_first_included(span):
     seen = set()
-    for slices in _slices(_buffer(span)):
-        traj = slices["traj"]
-        assert (traj == traj[:, :1]).all()  # a slice never crosses into the next trajectory
-        seen |= set(traj[:, 0].tolist())
+    for piece in _slices(_buffer(span)):
+        assert (piece["traj"] == piece["traj"][0]).all()  # a slice never crosses into the next trajectory
+        seen.add(int(piece["traj"][0]))
     assert seen == set(range(10))
 
 
+@pytest.mark.parametrize("strict_length", [True, False])
 @pytest.mark.parametrize("span, right", [(False, 0), ((False, True), SLICE_LEN - 1), (3, 3), ((False, 2), 2)])
-def test_right_span_returns_right_truncated_slices(span, right):
+def test_right_span_returns_right_truncated_slices(span, right, strict_length):
     """With a right span of ``r`` steps, a slice may start up to ``r`` steps after the last full start of its
-    trajectory; it then stops at the trajectory's last step (repeated, marked truncated), so batches keep their
-    size. Without a span, every slice is a full one."""
-    starts_in_traj, truncated_seen = set(), False
-    for slices in _slices(_buffer(span), draws=300):
-        data, truncated = slices["data"], slices["next", "truncated"].squeeze(-1)
-        offset = (data[:, 0] % 10).tolist()
-        starts_in_traj |= set(offset)
-        for row, start in enumerate(offset):
-            real = min(SLICE_LEN, 10 - start)
-            expected = torch.arange(real) + data[row, 0]
-            assert torch.equal(data[row, :real], expected)
-            assert (data[row, real:] == data[row, real - 1]).all()  # the last step, repeated
-            assert truncated[row, real - 1] and not truncated[row, : real - 1].any()
-            truncated_seen |= real < SLICE_LEN
+    trajectory; it then stops at the trajectory's last step (fewer steps, the last one marked truncated, as in
+    TorchRL), whatever ``strict_length``. Without a span, every slice is a full one."""
+    starts_in_traj, shorter = set(), False
+    for piece in _slices(_buffer(span, strict_length), draws=300):
+        data = piece["data"]
+        start = int(data[0]) % 10
+        starts_in_traj.add(start)
+        assert torch.equal(data, torch.arange(min(SLICE_LEN, 10 - start)) + data[0])
+        shorter |= piece.numel() < SLICE_LEN
     assert starts_in_traj == set(range(10 - SLICE_LEN + 1 + right))
-    assert truncated_seen == (right > 0)
+    assert shorter == (right > 0)
 
 
 def test_span_without_strict_length_returns_shorter_slices_in_their_trajectory():

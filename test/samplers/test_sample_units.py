@@ -36,7 +36,9 @@ def _write(written: int, capacity: int, done: list[bool], chunk: int):
     for start in range(0, written, chunk):
         stop = min(start + chunk, written)
         flags = torch.tensor(done[start:stop]).unsqueeze(-1)
-        rb.extend(TensorDict({"obs": torch.arange(start, stop), ("next", "done"): flags}, batch_size=[stop - start]))
+        rb.extend(
+            TensorDict({"obs": torch.arange(start, stop), ("next", "done"): flags}, batch_size=[stop - start])
+        )
     return rb, storage
 
 
@@ -61,27 +63,33 @@ def test_sequence_windows_keep_their_invariants(case):
     anchor_rows = torch.tensor(anchors)
     index, info = unit.expand(anchor_rows, {"w": torch.arange(len(anchors))}, storage)
     b, w = len(anchors), unit.window
-    assert index.shape == (b, w) == info["validity_mask"].shape == info["learning_mask"].shape
+    flat = torch.Size([b * w])  # TorchRL's layout: B * W records, window-major
+    assert index.shape == flat == info["validity_mask"].shape == info["learning_mask"].shape
     assert int(index.min()) >= 0 and int(index.max()) < len(storage)  # never outside the written data
-    assert info["w"].tolist() == [[i] * w for i in range(b)]  # the sampler's info along the window
-    time = obs[index]  # the time step each window position reads
-    valid, learning = info["validity_mask"], info["learning_mask"]
+    assert info["w"].tolist() == [i for i in range(b) for _ in range(w)]  # the sampler's info per record
+    assert info["sequence_id"].tolist() == [i for i in range(b) for _ in range(w)]
+    assert info["step_in_sequence"].tolist() == list(range(w)) * b
+    assert info["anchor_index"].tolist() == [a for a in anchors for _ in range(w)]  # the drawn anchors
+    time = obs[index].view(b, w)  # the time step each window position reads
+    valid, learning = info["validity_mask"].view(b, w), info["learning_mask"].view(b, w)
     learn_slots = torch.zeros(w, dtype=torch.bool)
     learn_slots[unit.burn_in : unit.burn_in + unit.length] = True
-    assert (learning == valid & learn_slots).all()
-    moved_anchor = obs[info["anchor_index"][:, 0]]
+    assert (learning == learn_slots).all()  # positional: [burn_in, burn_in + length) of every window
     for i, drawn in enumerate(obs[anchor_rows].tolist()):
         t, v = time[i].tolist(), valid[i].tolist()
         assert t == sorted(t)  # time runs forward in a window
         assert all(oldest <= s <= newest for s in t)
-        anchor = moved_anchor[i].item()
-        assert t[unit.burn_in] == anchor and v[unit.burn_in]  # the anchor is read, and valid
+        assert drawn in [s for s, ok in zip(t, v) if ok]  # the drawn anchor is read, and valid
+        anchor = t[unit.burn_in]  # the window's anchor step (moved back from the drawn one by "stop")
+        assert v[unit.burn_in]  # ... is valid
         for j in range(w):  # valid steps are exactly `dilation` apart from the anchor
             if v[j]:
                 assert t[j] == anchor + (j - unit.burn_in) * unit.dilation
         if unit.episode_boundary == "include_reset":
             assert anchor == drawn
-            assert all(v[j] == (oldest <= anchor + (j - unit.burn_in) * unit.dilation <= newest) for j in range(w))
+            assert all(
+                v[j] == (oldest <= anchor + (j - unit.burn_in) * unit.dilation <= newest) for j in range(w)
+            )
             continue
         assert all(episode[s] == episode[drawn] for s in t)  # pad and stop read the anchor's episode only
         ends = [s for s in episode if episode[s] == episode[drawn]]
@@ -108,6 +116,7 @@ def test_sequence_batches_through_a_buffer_match_the_expanded_index(case):
     seq_rb = TensorDictReplayBuffer(storage=storage, sample_unit=unit, batch_size=4)
     seq_rb.set_rng(torch.Generator().manual_seed(0))
     batch = seq_rb.sample()
-    assert batch.batch_size == torch.Size([4, unit.window])
-    assert (batch["obs"] == storage.get(batch["index"].reshape(-1))["obs"].view(4, -1)).all()
-    assert (batch["learning_mask"] <= batch["validity_mask"]).all()
+    assert batch.batch_size == torch.Size([4 * unit.window])
+    assert (batch["obs"] == storage.get(batch["index"])["obs"]).all()
+    assert batch["sequence_id"].tolist() == [i for i in range(4) for _ in range(unit.window)]
+    assert (batch["validity_mask"].view(4, -1).any(-1)).all()

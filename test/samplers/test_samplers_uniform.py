@@ -144,7 +144,7 @@ def test_empty_resets_the_epoch():
 def test_drop_last_with_fewer_items_than_a_batch_is_refused():
     s = filled_storage("lazy", "tensor", 3, capacity=20)
     sampler = SamplerWithoutReplacement(drop_last=True)
-    with pytest.raises(ValueError, match=r"`batch_size`=5 is larger than the 3 stored items.*drop_last=False"):
+    with pytest.raises(ValueError, match=r"The batch size 5 is greater than the storage capacity 3.*drop_last=False"):
         sampler.sample(s, 5)
 
 
@@ -290,13 +290,13 @@ def test_replacement_false_is_a_no_op_on_samplers_without_replacement(kwargs):
             True,
             r"SamplerWithoutReplacement samples without replacement.*Use RandomSampler",
         ),
-        (_RandomSubclass, False, r"_RandomSubclass has no variant.*Use a sampler without replacement"),
+        (_RandomSubclass, False, r"_RandomSubclass has no without-replacement variant.*use a sampler without replacement"),
         (
             lambda **kw: PrioritizedSampler(10, 1.0, 1.0, **kw),
             False,
-            r"PrioritizedSampler has no variant.*SamplerWithoutReplacement",
+            r"PrioritizedSampler has no without-replacement variant.*SamplerWithoutReplacement",
         ),
-        (lambda **kw: SamplerEnsemble(RandomSampler(), **kw), False, "SamplerEnsemble has no variant"),
+        (lambda **kw: SamplerEnsemble(RandomSampler(), **kw), False, "SamplerEnsemble has no without-replacement variant"),
     ],
     ids=["contradiction", "subclass", "prioritized", "ensemble"],
 )
@@ -416,7 +416,8 @@ def test_the_plan_is_saved_and_a_loaded_sampler_continues_it():
     sampler = SamplerWithoutReplacement().share_memory_()
     expected = [_planned(sampler, storage, 9, g, total=8) for g in range(8)]
     state = sampler.state_dict()
-    assert state["_plan"]["key"] == 9 and state["_plan"]["total"] == 8 and state["_pos"] == 0
+    assert state["_plan"]["key"] == 9 and state["_plan"]["total"] == 8
+    assert len(state["_sample_list"]) == state["len_storage"] == 10  # the cursor stays at 0 while the plan runs
     for fresh in (SamplerWithoutReplacement().share_memory_(), SamplerWithoutReplacement()):
         fresh.load_state_dict(state)
         fresh.share_memory_()  # a private sampler hands the plan over when it is shared

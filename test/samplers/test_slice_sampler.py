@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
-from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ListStorage, TensorDictReplayBuffer
+from torchrl.data import LazyMemmapStorage, LazyStackStorage, LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers.slice import SliceSampler
 from torchrl.data.replay_buffers.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
 
@@ -102,11 +102,11 @@ def test_ndim2_slices_stay_in_one_env_and_trajectory(
     assert sorted(sampler._boundaries(storage).index.lengths.tolist()) == sorted(longest.values())
 
 
-@pytest.mark.parametrize("storage_cls", [LazyTensorStorage, LazyMemmapStorage, ListStorage])
+@pytest.mark.parametrize("storage_cls", [LazyTensorStorage, LazyMemmapStorage, LazyStackStorage])
 def test_works_on_every_storage_kind(storage_cls):
     storage = storage_cls(50)
     data = episodes([10, 20, 5, 15])
-    if storage_cls is ListStorage:
+    if storage_cls is LazyStackStorage:
         storage.set(list(range(50)), data)
     else:
         storage.set(torch.arange(50), data)

@@ -12,6 +12,7 @@ from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
 from torchrl.data import (
+    LazyStackStorage,
     LazyTensorStorage,
     ListStorage,
     ReplayBuffer,
@@ -388,11 +389,17 @@ def test_writes_can_be_reported_without_a_buffer():
     assert info[("next", "truncated")].squeeze(-1).tolist() == [False, True, False, True]
 
 
-def test_a_list_storage_of_tensordicts_works():
-    rb = TensorDictReplayBuffer(storage=ListStorage(20), sampler=StreamingSliceSampler(slice_len=2), batch_size=4)
+def test_a_lazy_stack_storage_works_and_a_plain_list_storage_is_refused():
+    rb = TensorDictReplayBuffer(storage=LazyStackStorage(20), sampler=StreamingSliceSampler(slice_len=2), batch_size=4)
     rb.extend(steps(0, 6, done_at=(5,)))
     batch = rb.sample()
     assert batch["step"].view(2, 2).tolist() == [[4, 5], [2, 3]]
+    listed = TensorDictReplayBuffer(storage=ListStorage(20), sampler=StreamingSliceSampler(slice_len=2), batch_size=4)
+    listed.extend(steps(0, 6, done_at=(5,)))
+    queued = listed.sampler.state_dict()
+    with pytest.raises(RuntimeError, match="Could not get a tensordict out of the storage.*got a ListStorage"):
+        listed.sample()
+    assert str(listed.sampler.state_dict()) == str(queued)  # nothing served
 
 
 # -- DataLoader -----------------------------------------------------------------------------------------------

@@ -18,12 +18,14 @@ buffer.
 from __future__ import annotations
 
 import abc
+import weakref
 from typing import Literal
 
+import numpy as np
 import torch
-import torch.utils._pytree as pytree
 from tensordict import TensorDictBase, is_tensorclass
 
+from torchrl.data.replay_buffers.errors import torchrl_error
 from torchrl.data.replay_buffers.samplers._trajectories import (
     TrajectoryIndex,
     as_step_values,
@@ -104,41 +106,52 @@ def _check_int(name: str, value, minimum: int) -> int:
 
 
 class Sequence(SampleUnit):
-    """A window of consecutive steps around each drawn step (the *anchor*), for recurrent learners.
+    """A window of steps around each drawn step (the *anchor*), for recurrent learners.
 
-    Each anchor becomes ``burn_in + length + bootstrap`` steps, ``dilation`` apart: ``burn_in`` steps before the
-    anchor (to warm up a recurrent state), the ``length`` steps to learn from starting at the anchor, then
-    ``bootstrap`` steps after them (for value targets). Sampled batches have shape ``[B, W]`` with
-    ``W = burn_in + length + bootstrap``; ``info`` (and a TensorDict batch) gets, laid out ``[B, W]``:
+    Each anchor becomes ``W = burn_in + length + bootstrap`` records, ``dilation`` steps apart: ``burn_in`` steps
+    before the anchor (to warm up a recurrent state), the ``length`` steps to learn from starting at the anchor,
+    then ``bootstrap`` steps after them (for value targets). As in TorchRL, the output is **flat**: ``B``
+    anchors give an index of ``B * W`` positions (a tuple of ``B * W`` positions per dim on ``ndim=2``
+    storages), window-major (the ``W`` records of the first anchor come first), and a sampled batch has batch
+    size ``[B * W]``. ``info`` (and a TensorDict batch) gets, one value per record:
 
-    - ``"anchor_index"``: the storage position of the anchor of the window;
-    - ``"validity_mask"``: whether each step belongs to the window's data (see ``episode_boundary``);
-    - ``"learning_mask"``: valid steps among the ``length`` learning steps;
+    - ``"sequence_id"`` (int64): the window's number in the batch, ``0 .. B-1``, each repeated ``W`` times;
+    - ``"step_in_sequence"`` (int64): the record's position in its window, ``0 .. W-1``;
+    - ``"learning_mask"`` (bool): True on the ``length`` learning positions ``[burn_in, burn_in + length)``
+      of every window (combine it with ``"validity_mask"`` to skip padded records);
+    - ``"validity_mask"`` (bool): whether the record holds a step of the window (see ``episode_boundary``);
+      invalid records repeat the nearest valid step;
+    - ``"anchor_index"`` (int64): the drawn anchor of the window (``[B * W]``, or ``[B * W, ndim]`` with one
+      ``(time, env)`` pair per record on ``ndim=2``), also where :meth:`anchor_priorities` writes priorities.
 
-    and every other info entry of the sampler (``"priority_weight"``, ...) is repeated along the window.
+    Every other info entry of the sampler with at least one dim (``"priority_weight"``, ...) is repeated
+    ``W`` times along its first dim, as :func:`torch.repeat_interleave` does; 0-d tensors and Python scalars
+    are kept as they are.
 
-    Episodes end at steps whose ``done_key`` is set and at the newest step of each stream; the oldest data of a
-    full ring buffer starts one. A step outside the written data is never read.
+    Episodes end at steps whose ``done_key`` is set and at the newest step of each stream (the write seam); the
+    oldest data of a full ring buffer starts one. A step outside the written data is never read.
 
     Args:
         length (int): the number of learning steps, ``>= 1``.
 
     Keyword Args:
         episode_boundary (str): what happens where a window leaves the anchor's episode. ``"pad"``: the steps
-            outside it read the nearest step of the episode and are invalid. ``"stop"``: a window that would
-            run past the end of the episode is moved back so that it stops at its last step (the anchor moves
-            with it, never before the episode start); a shorter episode leaves padded, invalid steps at the
-            end. ``"include_reset"``:
-            windows run across episode ends into the next episode (all steps valid; only steps outside the
-            stored stream are padded and invalid); use the done flags to reset a recurrent state.
-            Defaults to ``"pad"``.
-        done_key (NestedKey): the per-step done flag in the storage. Defaults to ``("next", "done")``.
+            outside it read the nearest step of the episode and are invalid. ``"stop"``: a window that would run
+            past the end of the episode is moved back so that it ends at the episode's last step (never so far
+            that the anchor leaves it, nor before the episode start: a shorter episode leaves padded, invalid
+            records at the end); ``"anchor_index"`` keeps the drawn anchor. ``"include_reset"``: windows run
+            across done steps into the next episode (use the done flags to reset a recurrent state); only the
+            write seam and the unwritten slots bound them (padded, invalid). Defaults to ``"pad"``.
+        done_key (NestedKey or None): the per-step done flag in the storage (``[N]`` or ``[N, 1]`` flags; any
+            nested key). ``None``: the whole written span is one trajectory, bounded only by the write seam (no
+            entry is read, so any :class:`~torchrl.data.TensorStorage` works). Defaults to ``("next", "done")``.
         burn_in (int): steps before the anchor. Defaults to ``0``.
         bootstrap (int): steps after the learning steps. Defaults to ``0``.
         dilation (int): the distance between consecutive steps of a window. Defaults to ``1``.
 
-    .. note:: It needs a :class:`~torchrl.data.TensorStorage` (``ndim=1``, or ``ndim=2`` for ``[time, envs]``)
-        holding ``done_key``. Episode boundaries are computed once per storage write and cached.
+    .. note:: It needs a :class:`~torchrl.data.TensorStorage` (``ndim=1``, or ``ndim=2`` for ``[time, envs]``,
+        each env column one stream) holding TensorDicts with ``done_key``. Episode boundaries are computed once
+        per storage write and cached (writes of other processes to a shared storage count).
 
     Examples:
         >>> import torch
@@ -151,13 +164,14 @@ class Sequence(SampleUnit):
         >>> unit = Sequence(3)
         >>> index, info = unit.expand(torch.tensor([1, 3]), {}, storage)
         >>> index  # anchor 1 leaves its episode [0, 2] after step 2: padded with step 2
+        tensor([1, 2, 2, 3, 4, 5])
+        >>> info["validity_mask"]
+        tensor([ True,  True, False,  True,  True,  True])
+        >>> info["sequence_id"], info["step_in_sequence"], info["anchor_index"]
+        (tensor([0, 0, 0, 1, 1, 1]), tensor([0, 1, 2, 0, 1, 2]), tensor([1, 1, 1, 3, 3, 3]))
+        >>> unit.read(storage, index)["obs"].reshape(2, unit.window)  # one row per window
         tensor([[1, 2, 2],
                 [3, 4, 5]])
-        >>> info["validity_mask"]
-        tensor([[ True,  True, False],
-                [ True,  True,  True]])
-        >>> unit.read(storage, index)["obs"].shape
-        torch.Size([2, 3])
     """
 
     def __init__(
@@ -173,111 +187,171 @@ class Sequence(SampleUnit):
         if episode_boundary not in _BOUNDARIES:
             raise ValueError(f"`episode_boundary` must be one of {_BOUNDARIES}, got {episode_boundary!r}.")
         self.episode_boundary = episode_boundary
-        self.done_key = normalize_key(done_key)
+        self.done_key = None if done_key is None else normalize_key(done_key)
         self.burn_in = _check_int("burn_in", burn_in, 0)
         self.bootstrap = _check_int("bootstrap", bootstrap, 0)
         self.dilation = _check_int("dilation", dilation, 1)
-        self._cache: tuple | None = None
+        self._cache: tuple | None = None  # (weakref to the storage, its write state, TrajectoryIndex)
 
     @property
     def window(self) -> int:
-        """The number of steps of each window: ``burn_in + length + bootstrap``."""
+        """The number of records of each window: ``burn_in + length + bootstrap``."""
         return self.burn_in + self.length + self.bootstrap
 
     # -- episodes ------------------------------------------------------------------------------------------------
     def _episodes(self, storage) -> TrajectoryIndex:
-        key = (id(storage), _write_revision(storage), len(storage))
-        if self._cache is not None and self._cache[0] == key:
-            return self._cache[1]
         n_rows, n_cols, offset, last_row = ring_layout(storage)
-        if not has_key(storage, self.done_key):
-            raise KeyError(
-                f"Sequence finds episodes with the done flags {self.done_key!r}, which the storage does not hold: "
-                f"pass `done_key` naming the stored done entry."
+        # the revision is a shared counter for shared storages: another process's write changes it too
+        state = (storage.write_revision, len(storage), n_rows, offset, last_row)
+        cache = self._cache
+        if cache is not None and cache[0]() is storage and cache[1] == state:
+            return cache[2]
+        if self.done_key is None:  # one trajectory per stream, cut at the write seam only
+            flags = torch.zeros(n_rows, n_cols, dtype=torch.bool)
+        else:
+            column = read_column(storage, self._checked_done_key(storage), n_rows)
+            flags = as_step_values(
+                column, n_rows, n_cols, name=f"done flags {self.done_key!r}", reduce_any=True
             )
-        column = read_column(storage, self.done_key, n_rows)
-        flags = as_step_values(column, n_rows, n_cols, name=f"done flags {self.done_key!r}", reduce_any=True)
         episodes = find_trajectories(
-            flags, is_done=True, n_rows=n_rows, n_cols=n_cols, offset=offset, last_row=last_row, ndim=storage.ndim
+            flags,
+            is_done=True,
+            n_rows=n_rows,
+            n_cols=n_cols,
+            offset=offset,
+            last_row=last_row,
+            ndim=storage.ndim,
         )
-        self._cache = (key, episodes)
+        self._cache = (weakref.ref(storage), state, episodes)
         return episodes
+
+    def _checked_done_key(self, storage):
+        """``done_key``, once checked to be stored (TypeError for storages of plain tensors, else KeyError)."""
+        if has_key(storage, self.done_key):
+            return self.done_key
+        item = storage.get(torch.zeros(1, dtype=torch.long))
+        if not (isinstance(item, TensorDictBase) or is_tensorclass(item)):
+            got = "plain tensors" if isinstance(item, torch.Tensor) else f"{type(item).__name__} items"
+            raise torchrl_error("sequence_plain_tensor", key=self.done_key, got=got)
+        raise KeyError(
+            f"Sequence finds episodes with the done flags {self.done_key!r}, which the storage does not hold: "
+            f"pass `done_key` naming the stored done entry (or done_key=None: the written span is one trajectory)."
+        )
 
     def _check_storage(self, storage) -> None:
         if not isinstance(storage, TensorStorage):
-            raise TypeError(
-                f"Sequence reads windows of steps from a TensorStorage (LazyTensorStorage, LazyMemmapStorage, ...); "
-                f"got a {type(storage).__name__}."
-            )
+            raise torchrl_error("sequence_list_storage", storage=type(storage).__name__)
         if storage.ndim > 2:
-            raise ValueError(f"Sequence handles storages with ndim=1 or 2 ([time, envs]), got ndim={storage.ndim}.")
+            raise ValueError(
+                f"Sequence handles storages with ndim=1 or 2 ([time, envs]), got ndim={storage.ndim}."
+            )
         if len(storage) == 0:
             raise RuntimeError("Cannot sample sequences from an empty storage: add data first.")
 
-    # -- contract ------------------------------------------------------------------------------------------------
-    def expand(self, index, info: dict, storage) -> tuple:
-        """Expands the anchors ``index`` (``[B]``, or a per-dim tuple) into windows ``[B, W]`` of the same form."""
-        self._check_storage(storage)
-        episodes = self._episodes(storage)
-        as_tuple = isinstance(index, tuple)
-        parts = [torch.as_tensor(i).reshape(-1).long() for i in (index if as_tuple else (index,))]
+    def _anchors(self, index, storage) -> list[torch.Tensor]:
+        """The drawn anchors as one flat int64 tensor per storage dim, checked to lie in the written data."""
+        parts = [
+            torch.as_tensor(i).reshape(-1).long() for i in (index if isinstance(index, tuple) else (index,))
+        ]
         if len(parts) != storage.ndim:
             raise ValueError(
                 f"Sequence got an index with {len(parts)} dim(s) for a storage with ndim={storage.ndim}: pass one "
                 f"index tensor per storage dim."
             )
-        n = episodes.n_rows
-        row = parts[0].remainder(n)
+        if any(p.shape != parts[0].shape for p in parts):
+            raise ValueError(
+                f"Sequence got per-dim index tensors of {[p.numel() for p in parts]} positions: pass one position "
+                f"per anchor along each dim."
+            )
+        sizes = (storage.rows_written(), *storage.shape[1 : storage.ndim])
+        for dim, (part, size) in enumerate(zip(parts, sizes)):
+            outside = (part < -size) | (part >= size)
+            if outside.any():
+                raise IndexError(
+                    f"Sequence got the anchor {int(part[outside][0])} along dim {dim}, outside the {size} written "
+                    f"positions of that dim: pass anchors drawn from the written data (0..{size - 1})."
+                )
+        return parts
+
+    # -- contract ------------------------------------------------------------------------------------------------
+    def expand(self, index, info: dict, storage) -> tuple:
+        """Expands the anchors ``index`` (``[B]``, or a tuple of ``[B]`` tensors) into ``B * W`` positions.
+
+        Returns:
+            ``(index, info)``: ``index`` of shape ``[B * W]`` (a tuple of ``[B * W]`` tensors, one per storage
+            dim, when ``index`` is a tuple), window-major; ``info`` with every entry repeated per record and the
+            entries listed in the class docstring added.
+        """
+        self._check_storage(storage)
+        parts = self._anchors(index, storage)
+        episodes = self._episodes(storage)
+        device = episodes.starts.device
+        n, n_cols = episodes.n_rows, episodes.n_cols
+        row = parts[0].to(device).remainder(n)
+        col = parts[1].to(device).remainder(n_cols) if len(parts) > 1 else torch.zeros_like(row)
         unrolled = row if episodes.offset == 0 else (row - episodes.offset).remainder(n)
-        col = parts[1] if len(parts) > 1 else torch.zeros_like(row)
         anchor = col * n + unrolled  # flat position (see samplers/_trajectories.py)
         which = torch.searchsorted(episodes.starts, anchor, right=True) - 1
         start = episodes.starts[which]
         last = start + episodes.lengths[which] - 1
-        if self.episode_boundary == "include_reset":
+        if self.episode_boundary == "include_reset":  # the whole stream, from the oldest to the newest step
             start, last = col * n, col * n + n - 1
-        offsets = (torch.arange(self.window, device=anchor.device) - self.burn_in) * self.dilation
-        steps = anchor.unsqueeze(-1) + offsets
-        if self.episode_boundary == "stop":  # move back to end at the episode end, the anchor staying in it
-            back = torch.minimum(-(-(steps[:, -1] - last).clamp(min=0) // self.dilation), (anchor - start) // self.dilation)
+        offsets = (torch.arange(self.window, device=device) - self.burn_in) * self.dilation
+        steps = anchor.unsqueeze(-1) + offsets  # [B, W]
+        if self.episode_boundary == "stop":  # move back to end at the episode end, the anchor staying inside
+            overrun = (steps[:, -1] - last).clamp(min=0)
+            back = torch.minimum(-(-overrun // self.dilation), (anchor - start) // self.dilation)
             steps = steps - (back * self.dilation).unsqueeze(-1)
         valid = (steps >= start.unsqueeze(-1)) & (steps <= last.unsqueeze(-1))
         steps = torch.minimum(torch.maximum(steps, start.unsqueeze(-1)), last.unsqueeze(-1))
-        rows, cols = episodes.storage_rows(steps)
-        anchor_rows, anchor_cols = episodes.storage_rows(steps[:, self.burn_in])
-        learning = torch.zeros_like(valid)
-        learning[:, self.burn_in : self.burn_in + self.length] = True
-        batch = steps.shape
-        new_info = {key: _along_window(value, batch) for key, value in info.items()}
+        b, w = steps.shape
+        rows, cols = episodes.storage_rows(steps.reshape(-1))
+        new_info = {key: _per_record(value, w) for key, value in info.items()}
         if storage.ndim == 1:
-            expanded = (rows,) if as_tuple else rows
-            anchor_index = anchor_rows
+            expanded = (rows,) if isinstance(index, tuple) else rows
+            drawn = row
         else:
-            expanded = (rows, cols)
-            anchor_index = torch.stack([anchor_rows, anchor_cols], -1)
-        new_info["anchor_index"] = _along_window(anchor_index, batch)
-        new_info["validity_mask"] = valid
-        new_info["learning_mask"] = valid & learning
+            expanded = (rows, torch.zeros_like(rows) if cols is None else cols)
+            drawn = torch.stack([row, col], -1)
+        learning = torch.zeros(w, dtype=torch.bool, device=device)
+        learning[self.burn_in : self.burn_in + self.length] = True
+        new_info["sequence_id"] = torch.arange(b, device=device).repeat_interleave(w)
+        new_info["step_in_sequence"] = torch.arange(w, device=device).repeat(b)
+        new_info["learning_mask"] = learning.repeat(b)
+        new_info["validity_mask"] = valid.reshape(-1)
+        new_info["anchor_index"] = drawn.repeat_interleave(w, dim=0)
         return expanded, new_info
 
     def read(self, storage, index):
-        """Reads windows ``[B, W]`` (one flat gather) and returns data of batch shape ``[B, W]``."""
-        parts = index if isinstance(index, tuple) else (index,)
-        shape = parts[0].shape
-        flat = tuple(p.reshape(-1) for p in parts)
-        data = storage.get(flat if len(flat) > 1 else flat[0])
-        return _unflatten(data, shape)
+        """Reads the ``B * W`` positions of :meth:`expand` (one gather): data of batch size ``[B * W]``."""
+        if isinstance(index, tuple) and len(index) == 1:
+            index = index[0]
+        return storage.get(index)
 
     def anchor_priorities(self, data: TensorDictBase, priority: torch.Tensor, *, index_key="index"):
-        """One priority per window: the max over its valid steps, for the window's anchor.
+        """One priority per drawn anchor: the max of ``priority`` over the anchor's valid records.
+
+        Records of several windows on the same anchor are reduced together; padded (invalid) records are
+        ignored. :meth:`TensorDictReplayBuffer.update_tensordict_priority` writes the result to the anchors'
+        slots only.
 
         Args:
-            data (TensorDictBase): a batch sampled with this unit (holds ``"anchor_index"`` and
+            data (TensorDictBase): a batch sampled with this unit (it holds ``"anchor_index"`` and
                 ``"validity_mask"``).
-            priority (Tensor): per-step priorities, ``[B, W]`` (trailing dims are reduced with ``max``).
+            priority (Tensor): one priority per record, ``[B * W]`` (trailing dims are reduced with ``max``).
 
         Returns:
-            ``(anchor_index, priority)``, ``[B]`` (or ``[B, ndim]``) and ``[B]``.
+            ``(anchor, priority)``: the distinct anchors, sorted (``[K]``, or ``[K, ndim]`` of
+            ``(time, env)`` pairs), and their priorities ``[K]``.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import Sequence
+            >>> batch = TensorDict(anchor_index=torch.tensor([7, 7, 7, 7, 3, 3, 3, 3]),
+            ...     validity_mask=torch.tensor([True, True, True, False] * 2), batch_size=[8])
+            >>> Sequence(4).anchor_priorities(batch, torch.tensor([1.0, 2.0, 3.0, 50.0, 4.0, 5.0, 6.0, 60.0]))
+            (tensor([3, 7]), tensor([6., 3.]))
         """
         anchor = data.get("anchor_index", None)
         valid = data.get("validity_mask", None)
@@ -286,19 +360,31 @@ class Sequence(SampleUnit):
                 "anchor_priorities() needs the 'anchor_index' and 'validity_mask' entries that sampling with a "
                 "Sequence unit writes into the batch."
             )
+        valid = torch.as_tensor(valid).bool()
         priority = torch.as_tensor(priority, device=valid.device)
+        anchor = torch.as_tensor(anchor, device=valid.device)
         if priority.shape[: valid.ndim] != valid.shape:
             raise ValueError(
-                f"`priority` has shape {list(priority.shape)}; expected one value per sampled step, "
+                f"`priority` has shape {list(priority.shape)}; expected one value per sampled record, "
                 f"{list(valid.shape)}."
             )
-        if priority.ndim > valid.ndim:
-            priority = priority.reshape(*valid.shape, -1).amax(-1)
-        lowest = torch.finfo(priority.dtype).min if priority.is_floating_point() else torch.iinfo(priority.dtype).min
-        per_window = torch.where(valid, priority, torch.full_like(priority, lowest)).amax(-1)
-        if anchor.shape[: valid.ndim] == valid.shape:  # repeated along the window in the batch
-            anchor = anchor[:, 0]
-        return anchor, per_window
+        if anchor.shape[: valid.ndim] != valid.shape:
+            raise ValueError(
+                f"'anchor_index' has shape {list(anchor.shape)}; expected one anchor per sampled record, "
+                f"{list(valid.shape)}."
+            )
+        n, lead = valid.numel(), valid.ndim  # records may come flat ([B * W]) or reshaped ([B, W])
+        priority = priority.reshape(n, -1).amax(-1) if priority.ndim > lead else priority.reshape(n)
+        anchor = anchor.reshape(n, *anchor.shape[lead:])
+        valid = valid.reshape(n)
+        anchor, priority = anchor[valid], priority[valid]
+        if anchor.ndim == 1:
+            distinct, which = torch.unique(anchor, return_inverse=True)
+        else:
+            distinct, which = torch.unique(anchor, dim=0, return_inverse=True)
+        out = torch.zeros(distinct.shape[0], dtype=priority.dtype, device=priority.device)
+        out = out.scatter_reduce(0, which, priority, reduce="amax", include_self=False)
+        return distinct, out
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -312,28 +398,17 @@ class Sequence(SampleUnit):
         )
 
 
-def _write_revision(storage) -> int | None:
-    """The storage's write counter (bumped by every write): episode boundaries are cached against it."""
-    revision = getattr(storage, "write_revision", None)
-    if revision is None or callable(revision):
-        counters = getattr(storage, "_counters", None)
-        revision = None if counters is None else counters["revision"]
-    return revision
-
-
-def _along_window(value, batch: torch.Size):
-    """An info value of leading shape ``[B]`` repeated along the window (``[B, W, ...]``)."""
+def _per_record(value, w: int):
+    """A sampler info value for ``B * W`` records: repeated ``w`` times along dim 0 when it has a dim."""
+    if isinstance(value, torch.Tensor):
+        return value if value.ndim == 0 else value.repeat_interleave(w, dim=0)
+    if isinstance(value, np.ndarray):
+        return value if value.ndim == 0 else np.repeat(value, w, axis=0)
     if isinstance(value, tuple):
-        return tuple(_along_window(v, batch) for v in value)
-    if not isinstance(value, torch.Tensor) or value.ndim == 0 or value.shape[0] != batch[0]:
-        return value
-    return value.unsqueeze(1).expand(batch[0], batch[1], *value.shape[1:])
-
-
-def _unflatten(data, shape: torch.Size):
-    """Data read for a flat index, reshaped to the window layout ``shape`` (``[B, W]``)."""
-    if isinstance(data, TensorDictBase) or is_tensorclass(data):
-        return data.reshape(*shape)
-    if isinstance(data, torch.Tensor):
-        return data.reshape(*shape, *data.shape[1:])
-    return pytree.tree_map(lambda t: t.reshape(*shape, *t.shape[1:]), data)
+        return tuple(_per_record(v, w) for v in value)
+    if isinstance(value, list):
+        try:
+            return _per_record(torch.as_tensor(value), w)
+        except (TypeError, ValueError, RuntimeError):
+            return [v for v in value for _ in range(w)]
+    return value  # Python scalars and other objects

@@ -89,7 +89,9 @@ def _leaves(td: TensorDictBase) -> list[tuple[str, ...]]:
 def _step_flags(value: torch.Tensor, n: int, name) -> torch.Tensor:
     value = torch.as_tensor(value)
     if value.ndim == 0 or value.shape[0] != n:
-        raise ValueError(f"The entry {name!r} must hold one flag per step ({n} steps), got shape {list(value.shape)}.")
+        raise ValueError(
+            f"The entry {name!r} must hold one flag per step ({n} steps), got shape {list(value.shape)}."
+        )
     return value.reshape(n, -1).any(-1) if value.ndim > 1 else value.bool()
 
 
@@ -107,8 +109,12 @@ class _TEDHook:
         self.done_key = _as_key(done_key)
         self.shift_key = _as_key(shift_key)
         self.is_full_key = _as_key(is_full_key)
-        self.done_keys = _as_key_names("done_keys", DEFAULT_DONE_KEYS if done_keys is None else done_keys)
-        self.reward_keys = _as_key_names("reward_keys", DEFAULT_REWARD_KEYS if reward_keys is None else reward_keys)
+        self._done_names = _as_key_names("done_keys", DEFAULT_DONE_KEYS if done_keys is None else done_keys)
+        # as TorchRL: a set of the done names (a str for a one-level name, a tuple for a nested key)
+        self.done_keys = {name[0] if len(name) == 1 else name for name in self._done_names}
+        self.reward_keys = _as_key_names(
+            "reward_keys", DEFAULT_REWARD_KEYS if reward_keys is None else reward_keys
+        )
         # set by a storage checkpointer before each save: the row of the oldest step and whether the ring is full
         self.shift: int | None = None
         self.is_full: bool = False
@@ -125,7 +131,7 @@ class _TEDHook:
         return ends
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(done_key={self.done_key!r}, done_keys={self.done_keys!r}, reward_keys={self.reward_keys!r})"
+        return f"{type(self).__name__}(done_key={self.done_key!r}, done_keys={sorted(self.done_keys, key=repr)!r}, reward_keys={self.reward_keys!r})"
 
 
 class TED2Flat(_TEDHook):
@@ -143,6 +149,8 @@ class TED2Flat(_TEDHook):
         reward_keys (sequence of NestedKey): the reward entries. Defaults to ``("reward",)``.
 
     Attributes:
+        done_keys (set): the done names, as TorchRL keeps them: a ``str`` per one-level name, a tuple per nested
+            key (``{"done", "truncated", "terminated"}`` by default).
         shift (int or None): with ``is_full=False``, the number of filled rows (``None``: every row); with
             ``is_full=True``, the row of the oldest step. Set by storage checkpointers. Defaults to ``None``.
         is_full (bool): whether the rows form a full ring buffer. Defaults to ``False``.
@@ -161,6 +169,8 @@ class TED2Flat(_TEDHook):
         tensor([ 0.,  1.,  2., 10., 11., 12., 13.])
         >>> sorted(flat.keys())
         ['action', 'done', 'obs', 'reward']
+        >>> sorted(TED2Flat().done_keys)
+        ['done', 'terminated', 'truncated']
         >>> bool((Flat2TED()(flat) == ted).all())
         True
     """
@@ -191,7 +201,7 @@ class TED2Flat(_TEDHook):
         out = TensorDict(batch_size=[], device=data.device)
         for key in root_keys:
             value = data.get(key)
-            if _matches(key, self.done_keys):
+            if _matches(key, self._done_names):
                 if value.any():
                     raise ValueError(
                         f"The root entry {key!r} holds True values: in TED data the root done flags are False "
@@ -212,12 +222,12 @@ class TED2Flat(_TEDHook):
                 )
             else:
                 out.set(key, value)
-        observations = {k for k in root_keys if not _matches(k, self.done_keys)}
+        observations = {k for k in root_keys if not _matches(k, self._done_names)}
         for key in next_keys:
             if key in observations:
                 continue
             value = data.get(("next", *key))
-            target = key if _matches(key, self.done_keys + self.reward_keys) else ("next", *key)
+            target = key if _matches(key, self._done_names + self.reward_keys) else ("next", *key)
             out.set(target, value)
         if self.is_full:
             out.set(self.shift_key, torch.tensor(int(self.shift or 0)))
@@ -230,7 +240,9 @@ class TED2Flat(_TEDHook):
             return data if shift is None else data[: int(shift)]
         n = data.shape[0]
         if shift is None or not 0 <= int(shift) < max(n, 1):
-            raise ValueError(f"{type(self).__name__}.shift must be a row in [0, {n}) when is_full=True, got {shift!r}.")
+            raise ValueError(
+                f"{type(self).__name__}.shift must be a row in [0, {n}) when is_full=True, got {shift!r}."
+            )
         order = (torch.arange(n, device=data.device) + int(shift)) % n
         return data[order]
 
@@ -283,7 +295,7 @@ class Flat2TED(_TEDHook):
                     f"The entry {key!r} has {value.shape[0] if value.ndim else 0} rows; flat data of {n} steps "
                     f"in {n_traj} trajectories has {n} rows per step entry and {n + n_traj} per observation."
                 )
-            elif _matches(key, self.done_keys):
+            elif _matches(key, self._done_names):
                 ted.set(("next", *key), value)
                 ted.set(key, torch.zeros_like(value))
             elif _matches(key, self.reward_keys):
@@ -332,7 +344,9 @@ class TED2Nested(TED2Flat):
         done = flat.get(self.done_key)
         n = done.shape[0]
         ends = self._ends(_step_flags(done, n, self.done_key))
-        lengths = torch.diff(ends.nonzero().squeeze(-1), prepend=torch.tensor([-1], device=ends.device)).tolist()
+        lengths = torch.diff(
+            ends.nonzero().squeeze(-1), prepend=torch.tensor([-1], device=ends.device)
+        ).tolist()
         out = TensorDict(batch_size=[len(lengths)], device=flat.device)
         for key in _leaves(flat):
             value = flat.get(key)
@@ -414,7 +428,9 @@ class H5Combine:
         length_keys = [] if lengths is None else _leaves(lengths)
         counts = {len(lengths.get(k)) for k in length_keys}
         if len(counts) > 1:
-            raise ValueError(f"The entries under {_LENGTHS!r} disagree on the number of components: {sorted(counts)}.")
+            raise ValueError(
+                f"The entries under {_LENGTHS!r} disagree on the number of components: {sorted(counts)}."
+            )
         result = TensorDict(batch_size=[counts.pop()] if counts else [], device=data.device)
         for key in _leaves(data):
             if key[0] == _LENGTHS:

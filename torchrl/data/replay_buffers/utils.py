@@ -23,6 +23,7 @@ import torch
 import torch.utils._pytree as _pytree
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 
+from torchrl.data.replay_buffers.errors import torchrl_error
 from torchrl.data.replay_buffers.ted import (
     DEFAULT_DONE_KEYS,
     Flat2TED,
@@ -135,9 +136,9 @@ def pin_memory_output(fun: Callable) -> Callable:
 
 
 def _cursor_row(cursor) -> int:
+    if (isinstance(cursor, range) and not len(cursor)) or (isinstance(cursor, torch.Tensor) and not cursor.numel()):
+        raise torchrl_error("traj_cursor_empty", cursor=cursor)
     if isinstance(cursor, range):
-        if not len(cursor):
-            raise ValueError("`cursor` is an empty range: pass the last written position.")
         return cursor[-1]
     if isinstance(cursor, torch.Tensor) and not cursor.is_floating_point() and cursor.ndim <= 1 and cursor.numel():
         return int(cursor.reshape(-1)[-1])
@@ -181,13 +182,18 @@ def find_start_stop_traj(
         tensor([3, 3])
     """
     if (trajectory is None) == (end is None):
-        raise TypeError("find_start_stop_traj() takes exactly one of `trajectory` (ids) or `end` (done flags).")
+        got = "both" if trajectory is not None else "neither"
+        raise torchrl_error("traj_exactly_one", got=got)
     if not isinstance(at_capacity, (bool, np.bool_)):
         raise TypeError(f"`at_capacity` must be a bool, got {at_capacity!r}.")
     name = "trajectory" if trajectory is not None else "end"
     values = torch.as_tensor(trajectory if trajectory is not None else end)
     if values.ndim == 0:
         raise ValueError(f"`{name}` must have a time dim (dim 0), got a 0-d tensor.")
+    if values.shape[0] == 0:
+        raise torchrl_error("traj_empty", name=f"`{name}`")
+    if cursor is not None:
+        _cursor_row(cursor)  # checked before anything is computed, whatever `at_capacity`
     if trajectory is not None:
         flags = values != values.roll(-1, 0)  # the last step is compared with the first (a ring)
     else:

@@ -1,6 +1,7 @@
 """Priority values: :func:`check_priorities` (finite and ``>= 0``), :func:`reduce_priority` (one per item),
-the argument checks of the prioritized samplers, how they ravel per-dimension indices and how they keep their
-scalars in one (shareable) array.
+the argument checks of the prioritized samplers, their tree capacity (:func:`tree_capacity`), the check of a saved
+state (:func:`validated_prioritized_state`), how they ravel per-dimension indices and how they keep their scalars
+in one (shareable) array.
 
 Kept apart from :mod:`.prioritized` (the sampler and its trees), which re-exports the public helpers.
 """
@@ -12,10 +13,54 @@ import math
 import numpy as np
 import torch
 
-from torchrl._validation import check_int, check_positive_int, is_real
-from torchrl.data.replay_buffers.samplers.segment_tree import _as_value_array
+from torchrl._validation import check_int, check_positive_int, is_int, is_real
+from torchrl.data.replay_buffers.errors import torchrl_error
+from torchrl.data.replay_buffers.samplers.base import state_int
+from torchrl.data.replay_buffers.samplers.segment_tree import _as_value_array, _SegmentTree
 
 REDUCTIONS = ("max", "min", "sum", "mean", "median")
+#: The version of :meth:`PrioritizedSampler.state_dict`'s layout (TorchRL's ``_schema_version``).
+SCHEMA_VERSION = 1
+
+
+def tree_capacity(max_capacity: int) -> int:
+    """The positions a prioritized sampler's trees hold: the next power of two strictly above ``max_capacity``
+    (TorchRL's segment-tree capacity), so that a storage whose capacity was rounded up still fits.
+
+    Examples:
+        >>> tree_capacity(5), tree_capacity(8), tree_capacity(149)
+        (8, 16, 256)
+    """
+    return 1 << int(max_capacity).bit_length()
+
+
+def _check_alpha(value) -> float:
+    """``alpha`` as :func:`_check_exponent` checks it; a negative value raises TorchRL's ValueError."""
+    if (
+        is_real(value)
+        and value < 0
+        or isinstance(value, torch.Tensor)
+        and value.numel() == 1
+        and bool(value < 0)
+    ):
+        raise torchrl_error("alpha_negative", alpha=float(value))
+    return _check_exponent("alpha", value)
+
+
+def _check_device(device) -> torch.device:
+    """The trees' device: the CPU only (``None`` or a CPU device)."""
+    if device is None:
+        return torch.device("cpu")
+    try:
+        device = torch.device(device)
+    except (TypeError, RuntimeError) as err:
+        raise TypeError(f"`device` must be a torch.device, a str or None, got {device!r}.") from err
+    if device.type != "cpu":
+        raise ValueError(
+            f"`device`={str(device)!r} is not supported: the priority trees are numpy arrays on the CPU (which can "
+            f"move to shared memory). Pass device=None or 'cpu'; sampled indices can be moved afterwards."
+        )
+    return device
 
 
 def _check_reduction(reduction) -> str:
@@ -169,3 +214,153 @@ def _scalar_property(slot: int, doc: str, cast=float) -> property:
         self._scalar_array[slot] = value
 
     return property(get, set, doc=doc)
+
+
+# -- a saved state (NOTE [sampler state validation] in samplers/base.py) ----------------------------------------
+def _tree_leaves(value, key: str, who: str, sizes: tuple[int, ...]) -> np.ndarray:
+    """The leaf values of a saved tree: a tree, its ``state_dict()`` or a 1-D array of leaves, of a size in
+    ``sizes``."""
+    if isinstance(value, _SegmentTree):
+        leaves = np.array(value.values, dtype=np.float64)
+    elif isinstance(value, dict) and "values" in value:
+        leaves = _as_value_array(value["values"], name=f"state_dict[{key!r}]['values']")
+    elif isinstance(value, (torch.Tensor, np.ndarray)):
+        leaves = _as_value_array(value, name=f"state_dict[{key!r}]")
+    else:
+        raise TypeError(
+            f"{who} state_dict[{key!r}] must be a segment tree (as state_dict() saves it), its state_dict() or a "
+            f"tensor of leaf values, got {type(value).__name__}. Nothing was changed."
+        )
+    if leaves.size not in sizes:
+        raise ValueError(
+            f"{who} state_dict[{key!r}] has {leaves.size} leaves; this sampler's trees hold {sizes[0]} positions: "
+            f"build the sampler with the max_capacity of the saved one. Nothing was changed."
+        )
+    return leaves
+
+
+def _padded(values: np.ndarray, size: int, fill: float) -> np.ndarray:
+    out = np.full(size, fill)
+    out[: values.size] = values
+    return out
+
+
+def _check_leaves(who: str, priority: np.ndarray, sums: np.ndarray, mins: np.ndarray) -> None:
+    """Raw priorities finite and ``>= 0`` (NaN: never set); sum leaves finite and ``>= 0``, each min leaf the sum
+    leaf where it is positive and ``+inf`` elsewhere; no sum leaf without a raw priority."""
+    known = ~np.isnan(priority)
+    problems = []
+    if not (np.isfinite(priority[known]).all() and (priority[known] >= 0).all()):
+        problems.append("raw priorities must be finite and >= 0 (NaN where never set)")
+    if not (np.isfinite(sums).all() and (sums >= 0).all()):
+        problems.append("the sum tree's leaves must be finite and >= 0")
+    positive = sums > 0
+    if np.isnan(mins).any() or not (
+        np.array_equal(mins[positive], sums[positive]) and np.isinf(mins[~positive]).all()
+    ):
+        problems.append(
+            "the min tree's leaves must equal the sum tree's where positive and be +inf elsewhere"
+        )
+    if (positive & ~known).any():
+        problems.append("a position holds a value in the trees but no raw priority")
+    if problems:
+        raise ValueError(f"{who} state_dict is inconsistent: {'; '.join(problems)}. Nothing was changed.")
+
+
+def _raw_from_trees(sums: np.ndarray, alpha: float, eps: float, fallback: float) -> np.ndarray:
+    """Raw priorities recovered from the sum-tree leaves ``(p + eps) ** alpha`` (NaN where the leaf is 0; with
+    ``alpha=0``, where every leaf is 1, ``fallback``)."""
+    priority = np.full(sums.size, np.nan)
+    positive = sums > 0
+    if alpha > 0:
+        priority[positive] = np.maximum(np.power(sums[positive], 1.0 / alpha) - eps, 0.0)
+    else:
+        priority[positive] = fallback
+    return priority
+
+
+def validated_prioritized_state(state: dict, who: str, max_capacity: int, capacity: int) -> dict:
+    """A saved :class:`PrioritizedSampler` state checked against a sampler of ``max_capacity`` whose trees hold
+    ``capacity`` positions, as ``{"alpha", "beta", "eps", "priority", "sum", "min", "max_priority", "max_index",
+    "recompute_max"}`` (arrays of ``capacity`` entries). Raises ``TypeError``/``ValueError``; changes nothing.
+
+    Three layouts are read: TorchRL's (``_schema_version`` = 1, ``_max_priority`` a raw ``(value, index)``
+    pair); the same without ``_schema_version`` (an older TorchRL layout, whose max priority is recomputed from the
+    trees); and this package's earlier one (``max_capacity``, ``alpha``, ..., ``priority``, ``sum_tree``,
+    ``min_tree``, trees of ``max_capacity`` leaves).
+    """
+    old = "_alpha" not in state and "alpha" in state
+    prefix = "" if old else "_"
+    missing = [
+        f"{prefix}{k}"
+        for k in ("alpha", "beta", "eps", "sum_tree", "min_tree")
+        if f"{prefix}{k}" not in state
+    ]
+    if missing:
+        raise ValueError(
+            f"{who} state_dict is missing {missing}: pass what {who}.state_dict() returned. Nothing was changed."
+        )
+    if not old and "_schema_version" in state:
+        version = state_int(state, "_schema_version", who, 1)
+        if version != SCHEMA_VERSION:
+            raise ValueError(
+                f"{who} state_dict['_schema_version'] is {version}: this version reads schema {SCHEMA_VERSION}. "
+                f"Save it again with this version. Nothing was changed."
+            )
+    saved_capacity = state.get("max_capacity" if old else "_max_capacity")
+    if saved_capacity is not None and (not is_int(saved_capacity) or int(saved_capacity) != max_capacity):
+        raise ValueError(
+            f"{who} state_dict was saved by a sampler with max_capacity={saved_capacity!r}, this one has "
+            f"max_capacity={max_capacity}: build the sampler with max_capacity={saved_capacity!r} to load it. "
+            f"Nothing was changed."
+        )
+    alpha = _check_alpha(state[f"{prefix}alpha"])
+    beta = _check_exponent("beta", state[f"{prefix}beta"])
+    eps = _check_exponent("eps", state[f"{prefix}eps"])
+    sizes = (capacity, max_capacity)
+    sums = _tree_leaves(state[f"{prefix}sum_tree"], f"{prefix}sum_tree", who, sizes)
+    mins = _tree_leaves(state[f"{prefix}min_tree"], f"{prefix}min_tree", who, (sums.size,))
+    max_priority, max_index, recompute = None, -1, False
+    if old:
+        max_priority, max_index = state.get("max_priority"), state.get("max_priority_index", -1)
+    elif "_schema_version" in state:
+        pair = state.get("_max_priority", (None, -1))
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(
+                f"{who} state_dict['_max_priority'] must be a raw (value, index) pair, got {pair!r}. Nothing was "
+                f"changed."
+            )
+        max_priority, max_index = pair
+    else:
+        recompute = True  # the older TorchRL layout held the max in another domain: recomputed from the trees
+    if max_priority is not None:
+        max_priority = _check_exponent("max_priority", max_priority)
+    if not (is_int(max_index) and -1 <= max_index < capacity):
+        raise ValueError(
+            f"{who} state_dict: the index of the max priority must be an int in [-1, {capacity}), got "
+            f"{max_index!r}. Nothing was changed."
+        )
+    raw = state.get("priority" if old else "_priority")
+    if raw is None:
+        priority = _raw_from_trees(sums, alpha, eps, 1.0 if max_priority is None else max_priority)
+    else:
+        priority = _as_value_array(raw, name=f"state_dict[{'priority' if old else '_priority'!r}]")
+        if priority.size != sums.size:
+            raise ValueError(
+                f"{who} state_dict holds {priority.size} raw priorities for trees of {sums.size} leaves. Nothing "
+                f"was changed."
+            )
+    sums, mins = _padded(sums, capacity, 0.0), _padded(mins, capacity, np.inf)
+    priority = _padded(priority, capacity, np.nan)
+    _check_leaves(who, priority, sums, mins)
+    return {
+        "alpha": alpha,
+        "beta": beta,
+        "eps": eps,
+        "priority": priority,
+        "sum": sums,
+        "min": mins,
+        "max_priority": max_priority,
+        "max_index": -1 if max_priority is None else int(max_index),
+        "recompute_max": recompute,
+    }

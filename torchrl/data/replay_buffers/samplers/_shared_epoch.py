@@ -57,7 +57,7 @@ import torch
 from torchrl.data.replay_buffers._shared.arrays import SharedArray, StateGuard
 from torchrl.data.replay_buffers.errors import EpochEnded
 
-__all__ = ["Pin", "SharedEpoch"]
+__all__ = ["Pin", "SharedEpoch", "check_plan", "derived_permutation"]
 
 # Slots of the int64 counter array: the epoch number, its seed, length and cursor, the size of its explicit
 # permutation (-1: derived from the seed), and the claim of the readers of one iteration (NOTE [pinned epochs]).
@@ -67,8 +67,20 @@ _KEY_MASK = (1 << 62) - 1
 
 # The plan of the iteration reading by number (NOTE [planned epochs]): a header, the keys of settled plans, and
 # a ring of records ``[j, length, first_g]`` of its epochs j >= 1.
-(_P_KEY, _P_STATUS, _P_TOTAL, _P_BATCH, _P_SEED0, _P_LEN0, _P_START0, _P_EXPLICIT0, _P_TOP, _P_RETIRED_NEXT,
- _P_DROP_LAST, _P_SHUFFLE) = range(12)
+(
+    _P_KEY,
+    _P_STATUS,
+    _P_TOTAL,
+    _P_BATCH,
+    _P_SEED0,
+    _P_LEN0,
+    _P_START0,
+    _P_EXPLICIT0,
+    _P_TOP,
+    _P_RETIRED_NEXT,
+    _P_DROP_LAST,
+    _P_SHUFFLE,
+) = range(12)
 _RETIRED, _RETIRED_SLOTS = 12, 8
 _RECORDS, _RECORD_SLOTS = _RETIRED + _RETIRED_SLOTS, 64
 _PLAN_SIZE = _RECORDS + 3 * _RECORD_SLOTS
@@ -108,6 +120,77 @@ def _permutation(seed: int, length: int) -> torch.Tensor:
     if seed == _STORAGE_ORDER:
         return torch.arange(length)
     return torch.randperm(length, generator=torch.Generator().manual_seed(seed))
+
+
+def derived_permutation(seed: int, length: int) -> torch.Tensor:
+    """The permutation of ``length`` positions an epoch of seed ``seed`` visits (``-1``: storage order)."""
+    return _permutation(int(seed), int(length))
+
+
+def check_plan(plan, who: str) -> dict | None:
+    """A plan saved by :meth:`SharedEpoch.plan_state` (``None``: none), checked and copied; raises ``TypeError`` or
+    ``ValueError`` naming the entry, so that a crafted plan is refused before anything is loaded."""
+    if plan is None:
+        return None
+
+    def refuse(entry: str, value, expected: str, kind=ValueError):
+        shown = value if isinstance(value, (int, bool, type(None))) else type(value).__name__
+        raise kind(
+            f"{who} state_dict['_plan'][{entry!r}] is {shown!r}, expected {expected}. Load a state saved by "
+            f"{who}.state_dict(). Nothing was changed."
+        )
+
+    def integer(entry: str, low: int, high: int | None = None, *, optional: bool = False):
+        value = plan.get(entry)
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            refuse(entry, value, "an int" + (" or None" if optional else ""), TypeError)
+        if value < low or (high is not None and value > high):
+            refuse(entry, int(value), f"an int in [{low}, {high if high is not None else 'inf'}]")
+        return int(value)
+
+    def flag(entry: str) -> bool:
+        value = plan.get(entry)
+        if not isinstance(value, (bool, np.bool_)):
+            refuse(entry, value, "a bool", TypeError)
+        return bool(value)
+
+    if not isinstance(plan, dict):
+        raise TypeError(f"{who} state_dict['_plan'] must be a dict or None, got {type(plan).__name__}.")
+    length0 = integer("length0", 0)
+    checked = {
+        "key": integer("key", 0),
+        "settled": flag("settled"),
+        "total": integer("total", 0, optional=True),
+        "batch": integer("batch", 1),
+        "drop_last": flag("drop_last"),
+        "shuffle": flag("shuffle"),
+        "seed0": integer("seed0", _STORAGE_ORDER, _KEY_MASK),
+        "length0": length0,
+        "start0": integer("start0", 0, length0),
+        "explicit0": flag("explicit0"),
+    }
+    records = plan.get("records")
+    if isinstance(records, np.ndarray):
+        records = torch.from_numpy(records)
+    if not isinstance(records, torch.Tensor) or records.is_floating_point() or records.dtype is torch.bool:
+        refuse("records", records, "an int64 tensor of [epoch, length, first batch] rows", TypeError)
+    records = (
+        records.detach().to("cpu", torch.int64, copy=True).reshape(-1, 3)
+        if records.numel() % 3 == 0
+        else None
+    )
+    if records is None or (records.numel() and int(records.min()) < 0) or records.shape[0] > _RECORD_SLOTS:
+        refuse(
+            "records", "a malformed tensor", f"at most {_RECORD_SLOTS} rows [epoch, length, first batch] >= 0"
+        )
+    retired = plan.get("retired", [])
+    if not isinstance(retired, (list, tuple)) or not all(
+        isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 0 for k in retired
+    ):
+        refuse("retired", retired, "a list of ints >= 0", TypeError)
+    return {**checked, "records": records, "retired": [int(k) for k in retired]}
 
 
 class SharedEpoch:
@@ -258,8 +341,9 @@ class SharedEpoch:
             self._restart()
 
     # -- planned epochs (NOTE [planned epochs]) -----------------------------------------------------------------
-    def take_planned(self, n: int, count: int, *, key: int, number: int, total: int | None, drop_last: bool,
-                     shuffle: bool) -> tuple[torch.Tensor, bool]:
+    def take_planned(
+        self, n: int, count: int, *, key: int, number: int, total: int | None, drop_last: bool, shuffle: bool
+    ) -> tuple[torch.Tensor, bool]:
         """Batch ``number`` (from 0) of the iteration ``key`` over ``n`` items, ``count`` positions a batch, and
         whether it is the last batch of its epoch. ``total`` is the number of batches of the iteration
         (``None``: one epoch). Raises ``EpochEnded`` past the end of a one-epoch iteration, when the iteration
@@ -298,7 +382,9 @@ class SharedEpoch:
             if p[_P_STATUS] == _NO_PLAN:
                 return None
             top = int(p[_P_TOP])
-            slots = [_RECORDS + 3 * (j % _RECORD_SLOTS) for j in range(max(1, top - _RECORD_SLOTS + 1), top + 1)]
+            slots = [
+                _RECORDS + 3 * (j % _RECORD_SLOTS) for j in range(max(1, top - _RECORD_SLOTS + 1), top + 1)
+            ]
             records = torch.tensor([p[i : i + 3].tolist() for i in slots], dtype=torch.int64).reshape(-1, 3)
             return {
                 "key": int(p[_P_KEY]),
@@ -327,12 +413,24 @@ class SharedEpoch:
                 return  # the explicit permutation it started from is gone: no plan (a new iteration claims)
             p[_P_KEY], p[_P_STATUS] = int(plan["key"]) & _KEY_MASK, _SETTLED if plan["settled"] else _ACTIVE
             p[_P_TOTAL] = -1 if plan["total"] is None else int(plan["total"])
-            p[_P_BATCH], p[_P_DROP_LAST], p[_P_SHUFFLE] = int(plan["batch"]), int(plan["drop_last"]), int(plan["shuffle"])
-            p[_P_SEED0], p[_P_LEN0], p[_P_START0] = int(plan["seed0"]), int(plan["length0"]), int(plan["start0"])
+            p[_P_BATCH], p[_P_DROP_LAST], p[_P_SHUFFLE] = (
+                int(plan["batch"]),
+                int(plan["drop_last"]),
+                int(plan["shuffle"]),
+            )
+            p[_P_SEED0], p[_P_LEN0], p[_P_START0] = (
+                int(plan["seed0"]),
+                int(plan["length0"]),
+                int(plan["start0"]),
+            )
             p[_P_EXPLICIT0] = explicit
             p[_P_TOP] = int(records[-1, 0]) if records.numel() else 0
             for j, length, first in records.tolist():
-                p[_RECORDS + 3 * (j % _RECORD_SLOTS) : _RECORDS + 3 * (j % _RECORD_SLOTS) + 3] = (j, length, first)
+                p[_RECORDS + 3 * (j % _RECORD_SLOTS) : _RECORDS + 3 * (j % _RECORD_SLOTS) + 3] = (
+                    j,
+                    length,
+                    first,
+                )
             retired = list(plan.get("retired", []))[-_RETIRED_SLOTS:]
             p[_RETIRED : _RETIRED + _RETIRED_SLOTS] = -1
             p[_RETIRED : _RETIRED + len(retired)] = retired
@@ -424,7 +522,9 @@ class SharedEpoch:
             self._retire(int(p[_P_KEY]))
             p[_P_STATUS] = _NO_PLAN
 
-    def _claim_plan(self, key: int, n: int, batch: int, total: int | None, drop_last: bool, shuffle: bool) -> None:
+    def _claim_plan(
+        self, key: int, n: int, batch: int, total: int | None, drop_last: bool, shuffle: bool
+    ) -> None:
         """Makes ``key`` the plan: from the epoch in progress at its cursor, or a new epoch when there is none,
         nothing is left of it for a batch, or the storage length changed."""
         c, p = self._c, self._p
@@ -433,7 +533,12 @@ class SharedEpoch:
             c[_SEED] = _epoch_seed(key, 0) if shuffle else _STORAGE_ORDER
             c[_LENGTH], c[_POS], c[_EXPLICIT] = n, 0, -1
             c[_EPOCH] += 1
-        p[_P_KEY], p[_P_STATUS], p[_P_TOTAL], p[_P_BATCH] = key, _ACTIVE, -1 if total is None else total, batch
+        p[_P_KEY], p[_P_STATUS], p[_P_TOTAL], p[_P_BATCH] = (
+            key,
+            _ACTIVE,
+            -1 if total is None else total,
+            batch,
+        )
         p[_P_DROP_LAST], p[_P_SHUFFLE], p[_P_TOP] = int(drop_last), int(shuffle), 0
         p[_P_SEED0], p[_P_LEN0], p[_P_START0], p[_P_EXPLICIT0] = c[_SEED], c[_LENGTH], c[_POS], c[_EXPLICIT]
 
@@ -502,7 +607,10 @@ class SharedEpoch:
             if top:
                 _, length, first = self._record(top)
                 if g < first + _batches(length, 0, batch, drop_last):
-                    j = next((k for k in range(top, max(top - _RECORD_SLOTS, 0), -1) if g >= self._record(k)[2]), None)
+                    j = next(
+                        (k for k in range(top, max(top - _RECORD_SLOTS, 0), -1) if g >= self._record(k)[2]),
+                        None,
+                    )
                     if j is None:
                         self._restart()
                         return

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from torchrl._validation import check_positive_int, is_int
-from torchrl.data.replay_buffers.errors import ValueRuntimeError
+from torchrl.data.replay_buffers.errors import torchrl_error
 from torchrl.data.replay_buffers.samplers._trajectories import normalize_key
 
 
@@ -59,10 +59,7 @@ def normalize_end_keys(end_key, end_keys) -> tuple[object, tuple | None]:
     if end_keys is None:
         return (None if end_key is None else normalize_key(end_key)), None
     if end_key is not None:
-        raise ValueRuntimeError(  # a ValueError, and the RuntimeError TorchRL raises here
-            f"Pass at most one of `end_key` and `end_keys`; got end_key={end_key!r} and "
-            f"end_keys={end_keys!r}. Put every done key in end_keys (their flags are OR-ed together)."
-        )
+        raise torchrl_error("slice_end_keys", end_key=end_key, end_keys=end_keys)
     if isinstance(end_keys, str) or not isinstance(end_keys, (list, tuple)):
         raise TypeError(
             f"`end_keys` must be a list of keys, got {end_keys!r}. Pass e.g. end_keys=[('next', 'done'), "
@@ -162,10 +159,7 @@ class SliceArgs:
         num_slices = check_positive_int("num_slices", num_slices, allow_none=True, type_error=False)
         slice_len = check_positive_int("slice_len", slice_len, allow_none=True, type_error=False)
         if pad_output and strict_length:
-            raise ValueError(
-                "`pad_output`=True pads slices shorter than `slice_len`, which `strict_length`=True never "
-                "returns. Pass strict_length=False with pad_output=True."
-            )
+            raise torchrl_error("slice_pad_strict")
         if ends is not None and trajectories is not None:
             raise ValueError("Pass at most one of `ends` and `trajectories`; got both.")
         static = ends if ends is not None else trajectories
@@ -196,6 +190,7 @@ class SliceArgs:
             strict_length=bool(strict_length),
             pad_output=bool(pad_output),
             span=normalize_span(span),
-            compile=check_compile(compile),  # accepted for TorchRL compatibility; no effect (see SliceSampler)
-            use_gpu=check_use_gpu(use_gpu),  # idem
+            # compile and use_gpu: accepted for TorchRL compatibility; no effect (see SliceSampler)
+            compile=check_compile(compile),
+            use_gpu=check_use_gpu(use_gpu),
         )

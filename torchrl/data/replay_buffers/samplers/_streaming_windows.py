@@ -238,6 +238,11 @@ class WindowQueue:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores :meth:`state_dict` (checked first: a bad state raises and changes nothing)."""
+        self.apply_state(self.check_state(state))
+
+    def check_state(self, state: dict[str, Any]) -> tuple:
+        """The parts of a :meth:`state_dict` that :meth:`apply_state` installs; a ``ValueError`` if they do not
+        fit together or this queue's ``slice_len``. Changes nothing."""
         length = self.slice_len
         if state.get("slice_len") != length:
             raise ValueError(
@@ -251,6 +256,11 @@ class WindowQueue:
                 f"The streaming state is inconsistent ({err}); nothing was loaded. Load a state saved by "
                 f"StreamingSliceSampler.state_dict()."
             ) from None
+        return clock, tensors, pending, queue
+
+    def apply_state(self, parsed: tuple) -> None:
+        """Installs what :meth:`check_state` returned (copies of its tensors)."""
+        clock, tensors, pending, queue = parsed
         self.clock = clock
         self.slot_stamp = tensors["slot_stamp"].clone()
         self._log_rows, self._log_stamps = [tensors["log_rows"].clone()], [tensors["log_stamps"].clone()]

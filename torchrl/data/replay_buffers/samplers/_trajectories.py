@@ -75,6 +75,8 @@ def _get_nested(item, key):
     if isinstance(item, TensorDictBase) or is_tensorclass(item):
         return item.get(key)
     for part in (key,) if isinstance(key, str) else key:
+        if not isinstance(item, Mapping):  # e.g. a tensor item: it holds no entries
+            raise KeyError(key)
         item = item[part]
     return item
 
@@ -244,6 +246,12 @@ def format_lengths(lengths: torch.Tensor, limit: int = 8) -> str:
     pairs = [f"{int(v)} (x{int(c)})" for v, c in zip(values[-limit:], counts[-limit:])]
     more = "" if values.numel() <= limit else f" and {values.numel() - limit} shorter ones"
     return ", ".join(pairs) + more
+
+
+def sibling_key(key, name: str) -> str | tuple[str, ...]:
+    """``key`` (normalized) with its last element replaced by ``name``: ``("next", "truncated")`` gives
+    ``("next", name)``, ``"truncated"`` gives ``name``."""
+    return name if isinstance(key, str) else (*key[:-1], name)
 
 
 def normalize_key(key) -> str | tuple[str, ...]:

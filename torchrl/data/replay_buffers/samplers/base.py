@@ -7,6 +7,18 @@ batch. The buffer tells the sampler about writes (``extend``/``add``/``mark_upda
 (``update_priority``). All randomness goes through ``self._rng`` (the buffer's ``torch.Generator``, set by
 ``ReplayBuffer.set_rng``) or, when it is ``None``, torch's global generator.
 
+The one exception: :class:`~torchrl.data.PrioritizedSampler` without a generator draws from numpy's global
+generator (``np.random``), as TorchRL's does, so code seeding it with ``np.random.seed`` reproduces its draws.
+
+NOTE [sampler state validation]: ``load_state_dict(state_dict)`` is one step for every sampler:
+:meth:`Sampler.validate_state_dict` checks the whole state against the sampler (types, ranges, that a permutation
+is one, capacities) and returns it normalised (its own copies of the tensors), then ``_apply_state`` installs that
+result and cannot fail. A sampler defines the two hooks ``_validate_state(state) -> state`` and
+``_apply_state(state)``, never ``load_state_dict`` itself, so a refused state changes nothing. A checkpoint runs the
+same check before any part of the buffer is loaded (:meth:`Sampler.check_checkpoint_part`), with the state decoded
+from the checkpoint. The field checks (:func:`state_int`, :func:`state_bool`, :func:`state_index_tensor`) give every
+sampler the same message.
+
 ``requires_shared_state`` says whether a copy of the sampler in another process (a DataLoader worker) would
 change what is sampled: True for samplers holding an epoch permutation or priorities, False for samplers
 whose draws depend only on the storage content and their configuration. It defaults to True, so a sampler
@@ -26,12 +38,16 @@ from __future__ import annotations
 
 import abc
 import inspect
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
-from torchrl._validation import check_bool, check_positive_int
+import torchrl.data.replay_buffers._checkpoint.parts as _parts
+from torchrl._validation import check_bool, check_positive_int, is_int
 from torchrl.data.replay_buffers.component import Component
+from torchrl.data.replay_buffers.errors import CheckpointError, torchrl_error
 
 _INT64_MAX = torch.iinfo(torch.int64).max
 
@@ -94,7 +110,9 @@ class _SamplerMeta(abc.ABCMeta):
 def _replacement_target(cls: type, replacement) -> type:
     """The class that ``cls(..., replacement=replacement)`` builds (see :class:`_SamplerMeta`)."""
     replacement = check_bool(
-        "replacement", replacement, hint="Pass replacement=False to sample without replacement, or leave it out."
+        "replacement",
+        replacement,
+        hint="Pass replacement=False to sample without replacement, or leave it out.",
     )
     counterpart = _without_replacement_counterpart(cls)
     if counterpart is not None:  # cls samples without replacement
@@ -109,9 +127,8 @@ def _replacement_target(cls: type, replacement) -> type:
     target = _REPLACEMENT_DISPATCH.get(cls)
     if target is None:
         choices = " or ".join(sorted(without.__name__ for without in _REPLACEMENT_DISPATCH.values()))
-        raise TypeError(
-            f"{cls.__name__} has no variant that samples without replacement, so `replacement`=False cannot "
-            f"be honoured. Use a sampler without replacement ({choices}), or leave `replacement` out."
+        raise torchrl_error(
+            "prioritized_without_replacement", cls=cls.__name__, replacement=replacement, choices=choices
         )
     return target
 
@@ -271,8 +288,67 @@ class Sampler(Component, metaclass=_SamplerMeta):
     def state_dict(self) -> dict[str, Any]:
         return {}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return None
+    # -- loading state: NOTE [sampler state validation] ----------------------------------------------------------
+    def validate_state_dict(self, state_dict: Mapping[str, Any]) -> dict[str, Any]:
+        """Checks that ``state_dict`` can be loaded into this sampler; returns the state :meth:`load_state_dict`
+        installs (a new dict, with copies of its tensors). Changes nothing.
+
+        Every entry is checked against this sampler: types, ranges (a cursor within its epoch, positions within
+        the items the state covers), that a permutation is one, capacities. A checkpoint runs the same check
+        before any part of a buffer is loaded.
+
+        Raises:
+            TypeError: ``state_dict`` is not a mapping, or an entry has the wrong type.
+            ValueError: an entry is out of range or inconsistent with the others or with this sampler.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import SamplerWithoutReplacement
+            >>> sampler = SamplerWithoutReplacement()
+            >>> state = {"len_storage": 3, "_sample_list": torch.tensor([0, 0]), "_ran_out": False}
+            >>> sampler.validate_state_dict(state)
+            Traceback (most recent call last):
+            ...
+            ValueError: SamplerWithoutReplacement state_dict['_sample_list'] repeats positions ([0]): ...
+        """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(
+                f"`state_dict` must be the dict returned by {type(self).__name__}.state_dict(), got "
+                f"{type(state_dict).__name__}."
+            )
+        return self._validate_state(dict(state_dict))
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restores a state returned by :meth:`state_dict`: :meth:`validate_state_dict`, then installs it. A
+        refused state raises and leaves the sampler as it was."""
+        self._apply_state(self.validate_state_dict(state_dict))
+
+    def _validate_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The hook of :meth:`validate_state_dict`: ``state`` (a new dict) checked and normalised. Raises
+        ``TypeError``/``ValueError``; never changes the sampler. Default: a sampler without state accepts any
+        mapping (TorchRL's ``{}``)."""
+        return state
+
+    def _apply_state(self, state: dict[str, Any]) -> None:
+        """The hook of :meth:`load_state_dict`: installs a state returned by :meth:`_validate_state` (it must not
+        raise: everything was checked). Default: nothing to install."""
+
+    def check_checkpoint_part(self, doc: dict, tensors, ctx: _parts.PartContext) -> None:
+        """Checks the saved part like every component's, then the saved state with :meth:`validate_state_dict`
+        (before any part of the checkpoint is loaded).
+
+        Raises:
+            CheckpointError: the saved state would be refused by :meth:`load_state_dict`.
+        """
+        super().check_checkpoint_part(doc, tensors, ctx)
+        if not isinstance(doc.get("state"), dict):
+            return
+        try:
+            self.validate_state_dict(_parts.decode_state(doc["state"], tensors))
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(
+                f"The {type(self).__name__} state in the checkpoint {ctx.path!r} cannot be loaded: {err}"
+            ) from err
 
     def _empty(self) -> None:
         self._forget_derived()
@@ -298,7 +374,7 @@ def check_not_empty(storage) -> int:
     """``len(storage)``; a ``RuntimeError`` that says to write data first when it is ``0``."""
     n = len(storage)
     if n == 0:
-        raise RuntimeError("Cannot sample from an empty storage: add data first (rb.add / rb.extend).")
+        raise torchrl_error("consumed_empty", why="add data first (rb.add / rb.extend)")
     return n
 
 
@@ -307,3 +383,93 @@ def unravel(flat: torch.Tensor, storage):
     if storage.ndim == 1:
         return flat
     return torch.unravel_index(flat, tuple(storage.shape))
+
+
+# -- the field checks of validate_state_dict (NOTE [sampler state validation]) ------------------------------------
+_REQUIRED = object()
+
+
+def _state_error(who: str, key: str, value, expected: str, *, kind=ValueError) -> Exception:
+    shown = value if isinstance(value, (int, float, bool, str, type(None))) else type(value).__name__
+    return kind(
+        f"{who} state_dict[{key!r}] is {shown!r}, expected {expected}. Load a state saved by "
+        f"{who}.state_dict() (a crafted or edited state is refused). Nothing was changed."
+    )
+
+
+def _entry(state: Mapping, key: str, who: str, default):
+    if key in state:
+        return state[key]
+    if default is _REQUIRED:
+        raise ValueError(
+            f"{who} state_dict has no {key!r} entry (it has {sorted(map(str, state))}): pass what "
+            f"{who}.state_dict() returned. Nothing was changed."
+        )
+    return default
+
+
+def state_int(state: Mapping, key: str, who: str, low: int, high: int | None = None, *, default=_REQUIRED):
+    """``state[key]`` as an int in ``[low, high]`` (``high=None``: no upper bound; a one-element integer tensor is
+    accepted); ``default`` when the entry is missing (required if not given). ``who`` names the sampler."""
+    value = _entry(state, key, who, default)
+    if value is default and key not in state:
+        return value
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = value.item() if value.dtype is not torch.bool else value
+    allowed = f"an int in [{low}, {high}]" if high is not None else f"an int >= {low}"
+    if not is_int(value):
+        raise _state_error(who, key, value, allowed, kind=TypeError)
+    if value < low or (high is not None and value > high):
+        raise _state_error(who, key, int(value), allowed)
+    return int(value)
+
+
+def state_bool(state: Mapping, key: str, who: str, *, default=_REQUIRED) -> bool:
+    """``state[key]`` as a bool (a bool or a one-element bool tensor); ``default`` when missing."""
+    value = _entry(state, key, who, default)
+    if value is default and key not in state:
+        return value
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dtype is torch.bool:
+        value = bool(value)
+    if not isinstance(value, (bool, np.bool_)):
+        raise _state_error(who, key, value, "a bool", kind=TypeError)
+    return bool(value)
+
+
+def state_index_tensor(
+    state: Mapping, key: str, who: str, bound: int, *, unique: bool = False, default=_REQUIRED
+) -> torch.Tensor | None:
+    """``state[key]`` as a new 1-D int64 CPU tensor of positions in ``[0, bound)`` (``None`` stays ``None``), all
+    distinct when ``unique``; ``default`` when missing."""
+    value = _entry(state, key, who, default)
+    if value is None or (value is default and key not in state):
+        return value
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(value)
+    if (
+        not isinstance(value, torch.Tensor)
+        or value.is_floating_point()
+        or value.is_complex()
+        or value.dtype is torch.bool
+    ):
+        raise _state_error(who, key, value, "a 1-D tensor of integer positions", kind=TypeError)
+    if value.ndim != 1:
+        raise _state_error(who, key, f"a tensor of shape {list(value.shape)}", "a 1-D tensor of positions")
+    value = value.detach().to("cpu", torch.int64, copy=True)
+    if value.numel():
+        lo, hi = int(value.min()), int(value.max())
+        if lo < 0 or hi >= bound:
+            bad = value[(value < 0) | (value >= bound)][:3].tolist()
+            raise ValueError(
+                f"{who} state_dict[{key!r}] holds positions out of [0, {bound}) (e.g. {bad}): the state covers "
+                f"{bound} items. Load a state saved by {who}.state_dict(). Nothing was changed."
+            )
+        if unique:
+            ordered = value.sort().values
+            repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+            if repeated.numel():
+                raise ValueError(
+                    f"{who} state_dict[{key!r}] repeats positions ({repeated.unique()[:3].tolist()}): it must list "
+                    f"each item at most once. Load a state saved by {who}.state_dict(). Nothing was changed."
+                )
+    return value

@@ -34,8 +34,14 @@ import torch
 from torchrl._validation import check_positive_int
 from torchrl.data.replay_buffers._shared.counters import SharedCounters, is_spawning
 from torchrl.data.replay_buffers._shared.lock import NULL_LOCK, ProcessLock
-from torchrl.data.replay_buffers.errors import EpochEnded
-from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size
+from torchrl.data.replay_buffers.errors import EpochEnded, torchrl_error
+from torchrl.data.replay_buffers.samplers.base import (
+    Sampler,
+    check_batch_size,
+    state_bool,
+    state_index_tensor,
+    state_int,
+)
 
 __all__ = ["ConsumingSampler"]
 
@@ -221,7 +227,8 @@ class ConsumingSampler(Sampler):
     def __getstate__(self):
         state = super().__getstate__()
         state["_pinned"] = False
-        if self._lock is not None and not is_spawning():  # a pickle or a deep copy is private: its own lock-free copy
+        # a pickle or a deep copy is private: its own lock-free copy
+        if self._lock is not None and not is_spawning():
             state["_lock"] = None
             for name in self._TENSORS:
                 state[name] = getattr(self, name).clone()
@@ -403,7 +410,7 @@ class ConsumingSampler(Sampler):
     def sample(self, storage, batch_size: int):
         batch_size = check_batch_size(batch_size)
         if storage.ndim != 1:
-            raise _not_1d()
+            raise torchrl_error("consuming_ndim", cls=type(self).__name__, ndim=storage.ndim)
         with self._guard():
             return self._sample(storage, batch_size)
 
@@ -415,10 +422,10 @@ class ConsumingSampler(Sampler):
                 raise EpochEnded("Every item of the consuming buffer was consumed.")
             known = self._known_len
             what = "holds no data" if known == 0 else f"has consumed all its {known} items"
-            raise RuntimeError(
-                f"Cannot sample: the buffer {what} (ConsumingSampler(max_sample_count={self.max_sample_count})). "
-                f"Write new data first (rb.extend), or iterate with `for batch in rb`, which stops when nothing "
-                f"is left."
+            raise torchrl_error(
+                "consumed_empty",
+                why=f"the buffer {what} (ConsumingSampler(max_sample_count={self.max_sample_count})). Write new "
+                f"data first (rb.extend), or iterate with `for batch in rb`, which stops when nothing is left",
             )
         k = min(batch_size, n_live)
         positions = distinct_positions(n_live, k, self._rng).numpy()
@@ -457,29 +464,55 @@ class ConsumingSampler(Sampler):
                 "_remaining_batches": self._remaining_batches,
             }
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        max_count = check_positive_int("max_sample_count", state_dict.get("max_sample_count", self.max_sample_count))
-        n = int(state_dict["_known_len"])
-        count = torch.as_tensor(state_dict["_sample_count"], dtype=torch.long).reshape(-1)
-        live = torch.as_tensor(state_dict["_live"], dtype=torch.long).reshape(-1)
-        free = torch.as_tensor(state_dict["_free"], dtype=torch.long).reshape(-1)
+    # load_state_dict: NOTE [sampler state validation] in samplers/base.py (check everything, then install)
+    def _validate_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        who = type(self).__name__
+        max_count = state_int(state, "max_sample_count", who, 1, default=self.max_sample_count)
+        n = state_int(state, "_known_len", who, 0)
+        count = state.get("_sample_count")
+        if not isinstance(count, torch.Tensor) or count.is_floating_point() or count.dtype is torch.bool:
+            raise TypeError(
+                f"{who} state_dict['_sample_count'] must be a 1-D integer tensor of draw counts, got "
+                f"{type(count).__name__ if not isinstance(count, torch.Tensor) else count.dtype}. Load a state "
+                f"saved by {who}.state_dict(). Nothing was changed."
+            )
+        count = count.detach().to("cpu", torch.long, copy=True).reshape(-1)
+        live = state_index_tensor(state, "_live", who, n, unique=True)
+        free = state_index_tensor(state, "_free", who, n, unique=True)
         slots = torch.cat([live, free])
-        if n < 0 or count.numel() != n or slots.numel() != n or not torch.equal(torch.sort(slots).values, torch.arange(n)):
+        if count.numel() != n or slots.numel() != n or bool((count < 0).any()):
             raise ValueError(
                 f"Inconsistent ConsumingSampler state: the live ({live.numel()}) and free ({free.numel()}) slots "
-                f"must together be each of the {n} known slots once, with one draw count each (got "
-                f"{count.numel()}). Load a state_dict() saved by a ConsumingSampler."
+                f"must together be each of the {n} known slots once, with one draw count >= 0 each (got "
+                f"{count.numel()} counts). Load a state_dict() saved by a ConsumingSampler. Nothing was changed."
             )
+        if self._lock is not None and n > self._count.numel():
+            raise ValueError(
+                f"The state covers {n} slots and this shared ConsumingSampler allocated {self._count.numel()} (the "
+                f"storage's capacity): load a state saved with the same capacity. Nothing was changed."
+            )
+        return {
+            "max_sample_count": max_count,
+            "_known_len": n,
+            "_sample_count": count,
+            "_live": live,
+            "_free": free,
+            "_ran_out": state_bool(state, "_ran_out", who, default=False),
+            "_remaining_batches": state_int(state, "_remaining_batches", who, 0, default=0),
+        }
+
+    def _apply_state(self, state: dict[str, Any]) -> None:
+        n = state["_known_len"]
         with self._guard():
-            self._ensure_slots(n)  # raises for a shared sampler with fewer slots: before anything changes
-            self.max_sample_count = max_count
+            self._ensure_slots(n)  # cannot raise: a shared sampler holds the n slots (checked)
+            self.max_sample_count = state["max_sample_count"]
             self._clear()
-            self._count[:n] = count
-            self._make_live(live)
-            self._set_free_list(free)
+            self._count[:n] = state["_sample_count"]
+            self._make_live(state["_live"])
+            self._set_free_list(state["_free"])
             self._known_len = n
-            self._ran_out = bool(state_dict.get("_ran_out", False))
-            self._remaining_batches = int(state_dict.get("_remaining_batches", 0))
+            self._ran_out = state["_ran_out"]
+            self._remaining_batches = state["_remaining_batches"]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(max_sample_count={self.max_sample_count})"

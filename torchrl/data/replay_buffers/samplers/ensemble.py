@@ -286,10 +286,23 @@ class SamplerEnsemble(Sampler):
     def state_dict(self) -> dict[str, Any]:
         return {str(i): s.state_dict() for i, s in enumerate(self._samplers)}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        check_member_states("SamplerEnsemble", state_dict, len(self._samplers))
+    def _validate_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """One entry per member (``str(i)``), each checked by the member's :meth:`validate_state_dict`: every
+        member state is checked before any member loads."""
+        check_member_states("SamplerEnsemble", state, len(self._samplers))
+        checked = {}
         for i, sampler in enumerate(self._samplers):
-            sampler.load_state_dict(state_dict[str(i)])
+            saved = state[str(i)]
+            checked[str(i)] = (saved, sampler.validate_state_dict(saved))
+        return checked
+
+    def _apply_state(self, state: dict[str, Any]) -> None:
+        for i, sampler in enumerate(self._samplers):
+            saved, checked = state[str(i)]
+            if type(sampler).load_state_dict is not Sampler.load_state_dict:  # loads on its own (no hooks)
+                sampler.load_state_dict(saved)
+            else:
+                sampler._apply_state(checked)
 
     def __getstate__(self):
         state = super().__getstate__()

@@ -3,7 +3,10 @@
 
 Each stored item ``i`` has a raw priority ``p_i`` (a learner sets it, e.g. from the TD error; a new item
 gets the largest priority seen so far). The sampler stores ``q_i = (p_i + eps) ** alpha`` in a sum tree and
-a min tree (float64, :mod:`.segment_tree`) and draws item ``i`` with probability ``q_i / sum_j q_j``. The
+a min tree (:mod:`.segment_tree`; sums in float64, leaves rounded to float32 unless ``dtype=torch.float64``, as
+TorchRL's float32 trees hold them) and draws item ``i`` with probability ``q_i / sum_j q_j``. The trees have one
+leaf per position below the next power of two strictly above ``max_capacity`` (TorchRL's tree capacity), so a
+storage a little larger than ``max_capacity`` (a capacity rounded up) still has a priority for every item. The
 importance weight returned with it is ``(q_i / min_j q_j) ** -beta``: the usual
 ``(N * P(i)) ** -beta`` divided by its largest possible value, so weights lie in ``(0, 1]`` and equal ``1``
 for the least likely item. Positions index storage cells in row-major order (``ndim > 1`` storages are
@@ -18,16 +21,21 @@ in the class docstring.
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Mapping
+import json
+import os
 from typing import Any
 
 import numpy as np
 import torch
 
+from torchrl._files import write_file_atomically
 from torchrl.data.replay_buffers._shared.arrays import SharedArray, StateGuard
+from torchrl.data.replay_buffers.errors import torchrl_warning
 from torchrl.data.replay_buffers.samplers._priorities import (
     REDUCTIONS,
+    SCHEMA_VERSION,
+    _check_alpha,
+    _check_device,
     _check_dtype,
     _check_exponent,
     _check_max_capacity,
@@ -36,6 +44,8 @@ from torchrl.data.replay_buffers.samplers._priorities import (
     _scalar_property,
     check_priorities,
     reduce_priority,
+    tree_capacity,
+    validated_prioritized_state,
 )
 from torchrl.data.replay_buffers.samplers._stable_items import unstable_items_error
 from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, check_not_empty, unravel
@@ -50,6 +60,9 @@ from torchrl.data.replay_buffers.samplers.segment_tree import (
 __all__ = ["PrioritizedSampler", "REDUCTIONS", "check_priorities", "reduce_priority"]
 
 _NUMPY_DTYPES = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+#: The JSON file :meth:`PrioritizedSampler.dumps` writes beside the checkpoint (TorchRL's name and keys).
+_SAMPLER_METADATA = "sampler_metadata.json"
 
 # Slots of the scalar array (float64; positions and ends are exact integers far below 2 ** 53).
 _ALPHA, _BETA, _EPS, _MAX_PRIORITY, _MAX_INDEX, _WRITTEN_END = range(6)
@@ -93,14 +106,20 @@ class PrioritizedSampler(Sampler):
         beta (float): the importance-sampling correction exponent; ``0`` gives weights of ``1``. A
             one-element tensor is accepted, as for ``alpha``.
         eps (float): added to every priority so that no item has probability zero. Defaults to ``1e-8``.
-        dtype (torch.dtype): the dtype of ``info["priority_weight"]``; sums are float64 regardless.
-            Defaults to ``torch.float``.
+        dtype (torch.dtype): the dtype of ``info["priority_weight"]`` and the precision of the tree leaves
+            (float64 for ``torch.float64``, float32 otherwise, so that ``(1 + 1e-8) ** 0.7`` is stored as
+            ``1.0`` as in TorchRL); sums are float64 regardless. Defaults to ``torch.float``.
         reduction (str): how a TensorDict buffer reduces a priority entry with extra dims per item (see
             :func:`reduce_priority`); :meth:`update_priority` applies it to priorities of shape ``[N, ...]``.
             Defaults to ``"max"``.
         max_priority_within_buffer (bool): if ``True``, :attr:`default_priority` is the largest priority of
             the items currently stored (overwriting the item that holds it lowers it); if ``False``, the
             largest ever set. Defaults to ``False``.
+        device (torch.device or str, optional): where the trees live: only the CPU (``None`` or ``"cpu"``), as
+            the trees are numpy arrays that can move to shared memory. Defaults to ``None``.
+
+    Without a generator (``sampler._rng``, the buffer's ``generator=``), draws come from numpy's global generator,
+    as in TorchRL: ``np.random.seed(0)`` makes them reproducible.
 
     Examples:
         >>> import torch
@@ -131,22 +150,25 @@ class PrioritizedSampler(Sampler):
         dtype: torch.dtype = torch.float,
         reduction: str = "max",
         max_priority_within_buffer: bool = False,
+        device: torch.device | str | None = None,
     ) -> None:
         self._max_capacity = _check_max_capacity(max_capacity)
-        alpha = _check_exponent("alpha", alpha)
+        alpha = _check_alpha(alpha)
         beta = _check_exponent("beta", beta)
         eps = _check_exponent("eps", eps)
         self._dtype = _check_dtype(dtype)
+        self._device = _check_device(device)
         self._reduction = _check_reduction(reduction)
         self._max_priority_within_buffer = bool(max_priority_within_buffer)
         self._storage_shape: tuple[int, ...] | None = None
         self._guard = StateGuard()
         self._scalars = SharedArray(np.zeros(6))
-        self._sum_tree = SumSegmentTree(self._max_capacity)
+        self._capacity = tree_capacity(self._max_capacity)  # positions that can hold a priority
+        self._sum_tree = SumSegmentTree(self._capacity)
         # Zero priorities are stored as +inf in the min tree: such items are never drawn, so the weight
         # normalization uses the smallest positive priority.
-        self._min_tree = MinSegmentTree(self._max_capacity)
-        self._priority_store = SharedArray(np.full(self._max_capacity, np.nan))  # raw priorities; NaN = never set
+        self._min_tree = MinSegmentTree(self._capacity)
+        self._priority_store = SharedArray(np.full(self._capacity, np.nan))  # raw priorities; NaN = never set
         self._attach_arrays()
         self._alpha, self._beta, self._eps = alpha, beta, eps
         self._reset_state()
@@ -227,11 +249,19 @@ class PrioritizedSampler(Sampler):
         return state
 
     def __setstate__(self, state) -> None:
+        state.setdefault("_device", torch.device("cpu"))
+        if "_capacity" not in state:  # pickled before the trees held the positions up to a power of two
+            state["_capacity"] = state["_sum_tree"].capacity
         if "_scalars" not in state:  # pickled by a version that kept plain attributes: private arrays
             max_priority = state.pop("_max_priority", None)
-            scalars = [state.pop("_alpha"), state.pop("_beta"), state.pop("_eps"),
-                       np.nan if max_priority is None else max_priority, state.pop("_max_priority_index", -1),
-                       state.pop("_written_end", 0)]
+            scalars = [
+                state.pop("_alpha"),
+                state.pop("_beta"),
+                state.pop("_eps"),
+                np.nan if max_priority is None else max_priority,
+                state.pop("_max_priority_index", -1),
+                state.pop("_written_end", 0),
+            ]
             state["_scalars"] = SharedArray(np.array(scalars, dtype=np.float64))
             state["_priority_store"] = SharedArray(state.pop("_priority"))
             state["_guard"] = StateGuard()
@@ -246,26 +276,52 @@ class PrioritizedSampler(Sampler):
     max_size = max_capacity
 
     @property
+    def device(self) -> torch.device:
+        """Where the trees live: always the CPU (see the ``device`` argument).
+
+        Examples:
+            >>> PrioritizedSampler(8, alpha=0.7, beta=0.5).device
+            device(type='cpu')
+        """
+        return self._device
+
+    @property
     def alpha(self) -> float:
+        """The exponent applied to priorities. Setting it re-expresses the stored priorities with the new
+        exponent, except when it leaves ``0``: as in TorchRL, the items stored under ``alpha=0`` keep the value
+        ``1.0`` until their next :meth:`update_priority` (a UserWarning says so when there are such items).
+
+        Raises:
+            ValueError: a negative value.
+
+        Examples:
+            >>> import torch
+            >>> sampler = PrioritizedSampler(8, alpha=0.0, beta=0.5)
+            >>> sampler.alpha = 0.7  # no priority yet: no warning
+            >>> sampler.extend(torch.arange(4))
+            >>> sampler.alpha = 0.5
+            >>> round(sampler._sum_tree.query(0, 4), 6)  # re-expressed: (1 + 1e-8) ** 0.5 each, in float32
+            4.0
+        """
         return self._alpha
 
     @alpha.setter
     def alpha(self, value: float) -> None:
-        value = _check_exponent("alpha", value)
+        value = _check_alpha(value)
         with self._guard.write(self._repair_state):
             self._set_alpha(value)
 
     def _set_alpha(self, value: float) -> None:
-        if value != self._alpha:
-            if self._alpha == 0:  # as TorchRL: the priorities written so far were stored as 1 ** 0
-                warnings.warn(
-                    f"Changing `alpha` of {type(self).__name__} from 0 to {value}: with alpha=0 every item "
-                    f"was sampled uniformly; the stored priorities are now re-weighted with the new exponent.",
-                    UserWarning,
-                    stacklevel=3,
-                )
+        if value == self._alpha:
+            return
+        if self._alpha == 0:
+            # as TorchRL: the priorities written so far were stored as (p + eps) ** 0 = 1 and keep that value
+            if self._written_end > 0 and not np.isnan(self._priority[: self._written_end]).all():
+                torchrl_warning("alpha_leaves_zero", alpha=value, stacklevel=4)
             self._alpha = value
-            self._reexpress()
+            return
+        self._alpha = value
+        self._reexpress()
 
     @property
     def beta(self) -> float:
@@ -315,22 +371,20 @@ class PrioritizedSampler(Sampler):
                 a priority belongs to an index, not to the item a read of it realised. Sample such a storage
                 with :class:`~torchrl.data.RandomSampler` or :class:`~torchrl.data.SamplerWithoutReplacement`.
 
-        A storage holding more than ``max_capacity`` items is accepted, as in TorchRL: only its first
-        ``max_capacity`` items have a priority, and only they are drawn.
+        A storage holding more than ``max_capacity`` items is accepted, as in TorchRL: the trees hold a
+        priority for every position below the next power of two strictly above ``max_capacity``; items past
+        those positions have none and are never drawn. Without a generator the draws come from numpy's global
+        generator (``np.random.seed`` reproduces them), as in TorchRL.
         """
         if not getattr(storage, "stable_items", True):
             raise unstable_items_error(self, storage)
         batch_size = check_batch_size(batch_size)
         n = check_not_empty(storage)
-        # A storage larger than the trees (as TorchRL accepts it): only its first max_capacity items have a
-        # priority, and only they are drawn.
-        n = min(n, self._max_capacity)
+        # A storage larger than the trees (as TorchRL accepts it): only the items with a position in the trees
+        # have a priority, and only they are drawn.
+        n = min(n, self._capacity)
         self._remember_shape(storage)
-        rng = self._rng
-        if rng is None or rng.device.type == "cpu":
-            u = torch.rand(batch_size, generator=rng, dtype=torch.float64).numpy()
-        else:
-            u = torch.rand(batch_size, generator=rng, dtype=torch.float64, device=rng.device).cpu().numpy()
+        u = self._uniform_draws(batch_size)
         with self._guard.read(self._repair_state):  # one view of the tree: see NOTE [prioritized consistency]
             # No priority past the stored items: the whole tree is searched (its fast path). Otherwise priorities
             # were set past len(storage) (a standalone sampler: update_priority without storage).
@@ -352,6 +406,16 @@ class PrioritizedSampler(Sampler):
             weight = torch.from_numpy(weight).to(self._dtype)
         return unravel(torch.from_numpy(index), storage), {"priority_weight": weight}
 
+    def _uniform_draws(self, count: int) -> np.ndarray:
+        """``count`` float64 draws in ``[0, 1)``: from the sampler's generator, or without one from numpy's
+        global generator (TorchRL's source, which its users seed with ``np.random.seed``)."""
+        rng = self._rng
+        if rng is None:
+            return np.random.random_sample(count)
+        if rng.device.type == "cpu":
+            return torch.rand(count, generator=rng, dtype=torch.float64).numpy()
+        return torch.rand(count, generator=rng, dtype=torch.float64, device=rng.device).cpu().numpy()
+
     # -- priorities -----------------------------------------------------------------------------------------
     def update_priority(self, index, priority, *, storage=None) -> None:
         """Sets the raw priorities of the items at ``index``.
@@ -362,18 +426,19 @@ class PrioritizedSampler(Sampler):
                 did not insert) are skipped; when a position repeats, the last priority wins.
             priority: a number, or one priority per index (tensor of any real dtype, ndarray or sequence);
                 a tensor of shape ``[N, ...]`` is first reduced with ``reduction``. Must be finite and
-                ``>= 0`` (see :func:`check_priorities`).
+                ``>= 0`` (see :func:`check_priorities`); complex values are refused.
 
         Keyword Args:
             storage (Storage, optional): the storage indexed, needed to ravel per-dimension indices of
                 ``ndim > 1`` storages (remembered once seen). When given, only written positions (below
-                ``len(storage)``) are accepted; without it (a standalone sampler), any position below
-                ``max_capacity``. Defaults to ``None``.
+                ``len(storage)``) are accepted; without it (a standalone sampler), any position the trees hold
+                (below the next power of two strictly above ``max_capacity``). Defaults to ``None``.
 
         Raises:
             IndexError: a position is out of range, or (with ``storage``) was never written: a priority
                 there would raise the default priority of the next written items.
             ValueError: a priority is NaN, infinite or negative.
+            TypeError: a priority is not a real number (a complex or boolean value).
 
         A refused call changes nothing.
         """
@@ -395,12 +460,12 @@ class PrioritizedSampler(Sampler):
     def mark_update(self, index, *, storage=None) -> None:
         """Gives the written items at ``index`` the :attr:`default_priority` (``-1`` entries skipped).
 
-        Items written past ``max_capacity`` (a storage larger than the sampler, as TorchRL accepts) get no
-        priority: they are never drawn.
+        Items written past the positions of the trees (a storage larger than the sampler, as TorchRL accepts)
+        get no priority: they are never drawn.
         """
         flat = self._flat_index(index, storage)
-        if flat.size and flat.max() >= self._max_capacity:
-            flat = flat[flat < self._max_capacity]
+        if flat.size and flat.max() >= self._capacity:
+            flat = flat[flat < self._capacity]
         keep, end = self._kept_positions(flat)
         if keep is not None:
             flat = flat[keep]
@@ -424,72 +489,90 @@ class PrioritizedSampler(Sampler):
 
     # -- state ----------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The priorities, both trees, the max priority and ``alpha``/``beta``/``eps``/``max_capacity``.
+        """The sampler's state, in TorchRL's public layout plus the raw priorities.
+
+        - ``_schema_version`` (``1``), ``_alpha``, ``_beta``, ``_eps``;
+        - ``_max_priority``: the raw-domain pair ``(value, index)`` (``(None, -1)`` before any priority);
+        - ``_sum_tree``, ``_min_tree``: the trees' leaves, as their ``state_dict()`` (``{"capacity", "values"}``,
+          copies: mutating them does not change the sampler); :meth:`load_state_dict` also takes the trees
+          themselves (TorchRL's state holds copies of its trees, which a checkpoint could not store without
+          pickle);
+        - ``_max_capacity``; ``_priority``: the raw priority of each tree position (NaN: never set), which
+          re-expresses them when ``alpha`` changes (TorchRL keeps none).
 
         A shared sampler is copied under its lock: a consistent snapshot even while workers sample.
+
+        Examples:
+            >>> import torch
+            >>> sampler = PrioritizedSampler(5, alpha=0.7, beta=0.5)
+            >>> sampler.extend(torch.arange(8))  # positions up to 7: the trees hold 8
+            >>> state = sampler.state_dict()
+            >>> state["_schema_version"], state["_max_priority"], float(state["_sum_tree"]["values"].sum())
+            (1, (1.0, 0), 8.0)
         """
         with self._guard.read(self._repair_state):
             return {
-                "max_capacity": self._max_capacity,
-                "alpha": self._alpha,
-                "beta": self._beta,
-                "eps": self._eps,
-                "max_priority": self._max_priority,
-                "max_priority_index": self._max_priority_index,
-                "priority": torch.from_numpy(self._priority.copy()),
-                "sum_tree": self._sum_tree.state_dict(),
-                "min_tree": self._min_tree.state_dict(),
+                "_schema_version": SCHEMA_VERSION,
+                "_alpha": self._alpha,
+                "_beta": self._beta,
+                "_eps": self._eps,
+                "_max_priority": (self._max_priority, self._max_priority_index),
+                "_sum_tree": self._sum_tree.state_dict(),
+                "_min_tree": self._min_tree.state_dict(),
+                "_max_capacity": self._max_capacity,
+                "_priority": torch.from_numpy(self._priority.copy()),
             }
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores a state saved by :meth:`state_dict`; a bad state raises and leaves the sampler as is.
+    def _validate_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Checks a state saved by :meth:`state_dict` (TorchRL's layout, with or without ``_schema_version``, or
+        the ``max_capacity``/``alpha``/``priority``/``sum_tree`` layout of earlier versions) against this sampler:
+        the capacity, the exponents, finite non-negative tree values, the max priority. See
+        :func:`~torchrl.data.replay_buffers.samplers._priorities.validated_prioritized_state`."""
+        return validated_prioritized_state(state, type(self).__name__, self._max_capacity, self._capacity)
 
-        Raises:
-            ValueError: the state was saved by a sampler of another ``max_capacity`` or is malformed.
-        """
-        if not isinstance(state_dict, Mapping):
-            raise TypeError(
-                f"`state_dict` must be the dict returned by PrioritizedSampler.state_dict(), got "
-                f"{type(state_dict).__name__}."
-            )
-        required = {"max_capacity", "alpha", "beta", "eps", "priority", "sum_tree", "min_tree"}
-        missing = required - set(state_dict)
-        if missing:
-            raise ValueError(
-                f"`state_dict` is missing {sorted(missing)}: pass what PrioritizedSampler.state_dict() "
-                f"returned."
-            )
-        capacity = int(state_dict["max_capacity"])
-        if capacity != self._max_capacity:
-            raise ValueError(
-                f"`state_dict` was saved by a PrioritizedSampler with max_capacity={capacity}, this one has "
-                f"max_capacity={self._max_capacity}: build the sampler with max_capacity={capacity} to load "
-                f"it."
-            )
-        alpha = _check_exponent("alpha", state_dict["alpha"])
-        beta = _check_exponent("beta", state_dict["beta"])
-        eps = _check_exponent("eps", state_dict["eps"])
-        priority = _as_value_array(state_dict["priority"], name="state_dict['priority']")
-        if priority.size != capacity:
-            raise ValueError(f"`state_dict['priority']` has {priority.size} entries, expected {capacity}.")
-        sum_tree, min_tree = SumSegmentTree(capacity), MinSegmentTree(capacity)
-        sum_tree.load_state_dict(state_dict["sum_tree"])
-        min_tree.load_state_dict(state_dict["min_tree"])
-        max_priority = state_dict.get("max_priority")
-        if max_priority is not None:
-            max_priority = _check_exponent("max_priority", max_priority)
-        max_index = state_dict.get("max_priority_index", -1)
-        valid_index = isinstance(max_index, (int, np.integer)) and not isinstance(max_index, bool)
-        if not (valid_index and -1 <= max_index < capacity):
-            raise ValueError(f"`max_priority_index` must be an int in [-1, {capacity}), got {max_index!r}.")
+    def _apply_state(self, state: dict[str, Any]) -> None:
         with self._guard.write(self._repair_state):  # in place: a shared state stays shared
-            self._alpha, self._beta, self._eps = alpha, beta, eps
-            self._priority[:] = priority
-            self._sum_tree.set_all(sum_tree.values)
-            self._min_tree.set_all(min_tree.values)
-            self._max_priority = max_priority
-            self._max_priority_index = int(max_index)
+            self._alpha, self._beta, self._eps = state["alpha"], state["beta"], state["eps"]
+            self._priority[:] = state["priority"]
+            self._sum_tree.set_all(state["sum"])
+            self._min_tree.set_all(state["min"])
             self._written_end = self._end_of_written()
+            if state["max_priority"] is None and state["recompute_max"]:
+                self._recompute_max()
+            else:
+                self._max_priority, self._max_priority_index = state["max_priority"], state["max_index"]
+
+    def dumps(self, path, **kwargs) -> None:
+        """Saves the sampler to the checkpoint directory ``path`` (see :meth:`Component.dumps`), and beside it
+        ``sampler_metadata.json``, TorchRL's summary: ``_schema_version``, ``_alpha``, ``_beta``, ``_eps``,
+        ``_max_capacity`` and ``_max_priority`` as ``[value, index]``. :meth:`loads` reads the checkpoint only.
+
+        Examples:
+            >>> import json, os, tempfile, torch
+            >>> sampler = PrioritizedSampler(8, alpha=0.7, beta=0.5)
+            >>> sampler.extend(torch.arange(3))
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     sampler.dumps(d + "/s")
+            ...     meta = json.load(open(os.path.join(d, "s", "sampler_metadata.json")))
+            >>> meta["_schema_version"], meta["_max_priority"]
+            (1, [1.0, 0])
+        """
+        super().dumps(path, **kwargs)
+        with self._guard.read(self._repair_state):
+            meta = {
+                "_schema_version": SCHEMA_VERSION,
+                "_alpha": self._alpha,
+                "_beta": self._beta,
+                "_eps": self._eps,
+                "_max_capacity": self._max_capacity,
+                "_max_priority": [self._max_priority, self._max_priority_index],
+            }
+        raw = json.dumps(meta).encode()  # beside the checkpoint, replaced atomically (loads does not read it)
+        write_file_atomically(
+            os.path.join(os.fspath(path), _SAMPLER_METADATA),
+            lambda f: f.write(raw),
+            fsync=kwargs.get("fsync", True),
+        )
 
     def _empty(self) -> None:
         with self._guard.write(self._repair_state):
@@ -518,11 +601,12 @@ class PrioritizedSampler(Sampler):
             keep = flat != -1
             kept = flat[keep]
             lo, hi = (kept.min(), kept.max()) if kept.size else (0, 0)
-        if lo < 0 or hi >= self._max_capacity:
+        if lo < 0 or hi >= self._capacity:
             bad = lo if lo < 0 else hi
             raise IndexError(
-                f"`index` {bad} is out of range for a PrioritizedSampler of max_capacity "
-                f"{self._max_capacity}: pass positions in [0, {self._max_capacity}) (or -1 to skip an entry)."
+                f"`index` {bad} is out of range for a PrioritizedSampler of max_capacity {self._max_capacity}, "
+                f"whose trees hold positions [0, {self._capacity}): pass positions in that range (or -1 to skip "
+                f"an entry), or build the sampler with the storage's max_size."
             )
         return keep, int(hi) + 1
 
@@ -596,9 +680,17 @@ class PrioritizedSampler(Sampler):
         if end > self._written_end:
             self._written_end = end
         self._priority[flat] = raw
-        q = np.power(raw + self._eps, self._alpha)
+        q = self._expressed(raw)
         self._sum_tree.update_unique(flat, q)
         self._min_tree.update_unique(flat, np.where(q > 0, q, np.inf))
+
+    def _expressed(self, raw: np.ndarray) -> np.ndarray:
+        """``(raw + eps) ** alpha`` at the precision of the leaves: float64 for ``dtype=torch.float64``, else
+        rounded to float32 (clamped to its largest finite value), as TorchRL's float32 trees store it."""
+        q = np.power(raw + self._eps, self._alpha)
+        if self._dtype is torch.float64:
+            return q
+        return np.minimum(q, _FLOAT32_MAX).astype(np.float32).astype(np.float64)
 
     def _track_max(self, flat: np.ndarray, values: np.ndarray, top: float) -> None:
         """Updates the max priority after ``values`` (largest: ``top``) were written at ``flat``."""
@@ -622,8 +714,8 @@ class PrioritizedSampler(Sampler):
     def _reexpress(self) -> None:
         """Recomputes every stored ``(p + eps) ** alpha`` (after ``alpha`` changed)."""
         known = ~np.isnan(self._priority)
-        q = np.zeros(self._max_capacity)
-        q[known] = np.power(self._priority[known] + self._eps, self._alpha)
+        q = np.zeros(self._capacity)
+        q[known] = self._expressed(self._priority[known])
         self._sum_tree.set_all(q)
         self._min_tree.set_all(np.where(q > 0, q, np.inf))
 

@@ -45,7 +45,10 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
             :class:`SliceSampler`. Defaults to ``False``.
         span (bool, int or (left, right)): as in :class:`SliceSampler`, but only the right side is used: a
             start is a stored step with a priority, so slices cannot start before a trajectory (a left span
-            is ignored with a warning). Defaults to ``False``.
+            is ignored with a warning, and ``span[0]`` is ``False``). A slice that runs past the end of its
+            trajectory stops there, as in TorchRL: it holds fewer than ``slice_len`` steps (its last one marked
+            truncated), and the batch is shorter than ``batch_size``, whatever ``strict_length``. Defaults to
+            ``False``.
         max_priority_within_buffer (bool): as in :class:`PrioritizedSampler`. Defaults to ``False``.
 
     Examples:
@@ -134,14 +137,14 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         batch_size = check_batch_size(batch_size)
         num_slices, slice_len = self._slice_shape(batch_size)
         n = len(storage)
-        if n > self._max_capacity:
+        if n > self._capacity:  # the trees hold positions up to the power of two above max_capacity
             raise RuntimeError(
                 f"The storage holds {n} items but the sampler was built with `max_capacity`="
-                f"{self._max_capacity}: build PrioritizedSliceSampler with max_capacity >= the storage's "
-                f"max_size."
+                f"{self._max_capacity} (its trees hold {self._capacity} positions): build PrioritizedSliceSampler "
+                f"with max_capacity >= the storage's max_size."
             )
+        bounds = self._boundaries(storage)  # refuses storages it cannot read before anything is remembered
         self._remember_shape(storage)
-        bounds = self._boundaries(storage)
         elig = self._eligible(bounds, slice_len)
         owner, offsets, cells = self._start_cells(bounds, elig, slice_len)
         with self._guard.read(self._repair_state):  # one view of the tree: see NOTE [prioritized consistency]
@@ -169,6 +172,11 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
             slice_len,
             per_slice={"priority_weight": weight.to(owner.device)},
         )
+
+    def _drops_outside_steps(self) -> bool:
+        # As in TorchRL, a slice that a right span lets run past its trajectory's end stops at that end (fewer
+        # steps), whatever strict_length: this sampler has no padding.
+        return True
 
     # -- notifications and state -----------------------------------------------------------------------------
     def add(self, index) -> None:

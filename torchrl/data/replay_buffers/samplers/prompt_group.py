@@ -16,6 +16,7 @@ import torch
 from tensordict import NestedKey, TensorDictBase, is_tensorclass
 
 from torchrl._validation import check_bool, check_positive_int
+from torchrl.data.replay_buffers.errors import torchrl_error
 from torchrl.data.replay_buffers.samplers._entries import values_at
 from torchrl.data.replay_buffers.samplers._group_choice import (
     max_variance_columns,
@@ -25,6 +26,7 @@ from torchrl.data.replay_buffers.samplers._group_choice import (
 )
 from torchrl.data.replay_buffers.samplers._trajectories import normalize_key
 from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, check_not_empty
+from torchrl.data.replay_buffers.storages.list import ListStorage
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
 
 _STRATEGIES = ("random", "recency", "reward", "variance")
@@ -104,9 +106,12 @@ class PromptGroupSampler(Sampler):
     storage row) is state that a DataLoader worker's private copy would not see advance. That clock can live in
     shared memory (``can_share_state``, once data was written): ``rb.as_dataset()`` moves it there, and the
     workers then see the writes the main process makes. The other strategies draw from the storage content
-    alone and work with DataLoader workers as they are. It needs a 1-D storage whose items are TensorDicts (a
-    :class:`~torchrl.data.ListStorage` of loose items raises a TypeError). The order of the items inside a
-    group is not specified.
+    alone and work with DataLoader workers as they are. It needs a 1-D storage that returns its items as one
+    TensorDict (a TensorStorage, or a :class:`~torchrl.data.LazyStackStorage`): a plain
+    :class:`~torchrl.data.ListStorage` raises a TypeError at :meth:`sample`, as do ``"reward"``/``"variance"``
+    with rewards that are not tensors (e.g. a ``NonTensorStack``). The order of the items inside a group is not
+    specified. A pickled sampler leaves its cached grouping behind (``_group_index`` is ``None`` in the copy,
+    which groups the storage again).
 
     Examples:
         >>> import torch
@@ -121,7 +126,7 @@ class PromptGroupSampler(Sampler):
         torch.Size([2, 1])
     """
 
-    _derived_state = ("_groups",)  # the grouping of the storage, forgotten at every write (see Sampler)
+    _derived_state = ("_group_index",)  # the grouping of the storage, forgotten at every write (see Sampler)
 
     def __init__(
         self,
@@ -146,7 +151,7 @@ class PromptGroupSampler(Sampler):
         self.group_key = normalize_key(group_key)
         self.reward_key = normalize_key(reward_key)
         self.cache_groups = check_bool("cache_groups", cache_groups)
-        self._groups: _Groups | None = None
+        self._group_index: _Groups | None = None  # the cached grouping (TorchRL's name)
         self._warned_small_group = False
         self._position_recency = torch.zeros(0, dtype=torch.long)
         self._clock = torch.zeros(1, dtype=torch.long)
@@ -257,6 +262,8 @@ class PromptGroupSampler(Sampler):
             return column[:n]
         data = storage.get(slice(0, n))
         if not (isinstance(data, TensorDictBase) or is_tensorclass(data)):
+            if isinstance(storage, ListStorage):
+                raise torchrl_error("prompt_group_list_storage", cls=_WHO)
             raise TypeError(
                 f"PromptGroupSampler reads the `group_key` entry of every item at once, which needs a storage that "
                 f"returns its items as one TensorDict (a TensorStorage such as LazyTensorStorage, or a "
@@ -273,17 +280,18 @@ class PromptGroupSampler(Sampler):
             f"(strategy={self.strategy!r})."
         )
 
-    def _group_index(self, storage, n: int) -> _Groups:
+    def _grouping(self, storage, n: int) -> _Groups:
         revision = storage.write_revision
         key = (id(storage), revision, n)
-        if self._groups is not None and self._groups.key == key:
-            return self._groups
+        cached = self._group_index
+        if cached is not None and cached.key == key:
+            return cached
         ids = _group_ids(self._group_values(storage, n), n)
         order = torch.argsort(ids, stable=True)
         counts = torch.bincount(ids)
         starts = counts.cumsum(0) - counts
         groups = _Groups(key=key, order=order, counts=counts, starts=starts)
-        self._groups = groups if self.cache_groups else None
+        self._group_index = groups if self.cache_groups else None
         return groups
 
     # -- sampling ----------------------------------------------------------------------------------------------
@@ -340,14 +348,27 @@ class PromptGroupSampler(Sampler):
         try:
             values = values_at(storage, self.reward_key, members, who=_WHO)
         except KeyError:
-            raise KeyError(self._missing(self.reward_key, "reward_key")) from None
+            values = self._non_tensor_entry(storage, members[:1])  # stored, but not as a tensor column?
+            if values is None:
+                raise KeyError(self._missing(self.reward_key, "reward_key")) from None
+        if not isinstance(values, torch.Tensor):  # e.g. a NonTensorStack of Python numbers or strings
+            got = f"non-tensor values ({type(values).__name__})"
+            raise torchrl_error("prompt_group_reward", strategy=self.strategy, key=self.reward_key, got=got)
         return values.reshape(members.numel(), -1).double().mean(-1).cpu()
+
+    def _non_tensor_entry(self, storage, rows: torch.Tensor):
+        """The ``reward_key`` values of the items at ``rows`` when they are stored but not as a tensor column
+        (e.g. strings in a tensor storage), else ``None``."""
+        if not isinstance(storage, TensorStorage):
+            return None
+        values = storage.get(rows).get(self.reward_key, None)
+        return None if values is None or isinstance(values, torch.Tensor) else values
 
     def sample(self, storage, batch_size: int) -> tuple[torch.Tensor, dict]:
         batch_size = check_batch_size(batch_size)
         num_groups, k = self._layout(batch_size)
         n = self._check_storage(storage)
-        groups = self._group_index(storage, n)
+        groups = self._grouping(storage, n)
         chosen = self._choose_groups(groups.counts.numel(), num_groups)
         sizes = groups.counts[chosen]
         starts = groups.starts[chosen]
@@ -356,9 +377,8 @@ class PromptGroupSampler(Sampler):
         if smallest < k:
             self._warn_small(f"a group holds {smallest} items and a batch takes {k} per group")
         if smallest == width == k:  # whole groups (the usual GRPO layout): nothing to choose
-            if self.strategy in ("reward", "variance") and isinstance(storage, TensorStorage):
-                if storage.get_entry(self.reward_key) is None:  # refused as when a choice reads it
-                    raise KeyError(self._missing(self.reward_key, "reward_key"))
+            if self.strategy in ("reward", "variance"):  # the rewards are checked as when a choice reads them
+                self._rewards(storage, groups.order[:1])
             index = groups.order[(starts.unsqueeze(-1) + torch.arange(k)).reshape(-1)]
             return self._on_device(index, storage), {}
         if len(listed) * width <= _MAX_PADDING * total + _PADDING_SLACK:
@@ -427,26 +447,34 @@ class PromptGroupSampler(Sampler):
             self._clock = torch.zeros(1, dtype=torch.long)
 
     def state_dict(self) -> dict[str, Any]:
-        """The write clock of ``strategy="recency"`` (``{}`` for the other strategies, which keep no state)."""
+        """The write clock of ``strategy="recency"`` (``{}`` for the other strategies, which keep no state, and
+        whose :meth:`load_state_dict` takes ``{}``)."""
         if self.strategy != "recency":
             return {}
         return {"position_recency": self._position_recency.clone(), "recency_clock": self._recency_clock}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    # load_state_dict: NOTE [sampler state validation] in samplers/base.py (check everything, then install)
+    def _validate_state(self, state: dict[str, Any]) -> dict[str, Any]:
         if self.strategy != "recency":
-            if state_dict:
+            if state:
                 raise ValueError(
                     f"PromptGroupSampler(strategy={self.strategy!r}) keeps no state, and got a state with "
-                    f"{sorted(state_dict)}: load it into a sampler built with strategy='recency'."
+                    f"{sorted(state)}: load it into a sampler built with strategy='recency'."
                 )
-            return
-        if set(state_dict) != {"position_recency", "recency_clock"}:
+            return {}
+        if set(state) != {"position_recency", "recency_clock"}:
             raise ValueError(
                 f"A PromptGroupSampler(strategy='recency') state holds 'position_recency' and 'recency_clock', "
-                f"got {sorted(state_dict)}."
+                f"got {sorted(state)}."
             )
-        stamps = torch.as_tensor(state_dict["position_recency"], dtype=torch.long).reshape(-1)
-        clock = state_dict["recency_clock"]
+        stamps = state["position_recency"]
+        if not isinstance(stamps, torch.Tensor) or stamps.is_floating_point() or stamps.dtype is torch.bool:
+            raise TypeError(
+                f"A PromptGroupSampler(strategy='recency') state's `position_recency` is a 1-D integer tensor of "
+                f"write stamps, got {type(stamps).__name__ if not isinstance(stamps, torch.Tensor) else stamps.dtype}."
+            )
+        stamps = stamps.detach().to("cpu", torch.long, copy=True).reshape(-1)
+        clock = state["recency_clock"]
         if (
             isinstance(clock, bool)
             or not isinstance(clock, int)
@@ -458,19 +486,47 @@ class PromptGroupSampler(Sampler):
                 f"Inconsistent recency state: `recency_clock`={clock!r} must be an int >= 0 and >= every stamp "
                 f"in `position_recency`."
             )
-        if self.is_shared:
-            held = self._position_recency.numel()
-            if stamps.numel() > held:
-                raise ValueError(
-                    f"The recency state holds {stamps.numel()} stamps and this sampler shares {held} (its storage "
-                    f"capacity): load a state saved with the same capacity."
-                )
+        if self.is_shared and stamps.numel() > self._position_recency.numel():
+            raise ValueError(
+                f"The recency state holds {stamps.numel()} stamps and this sampler shares "
+                f"{self._position_recency.numel()} (its storage capacity): load a state saved with the same "
+                f"capacity."
+            )
+        return {"position_recency": stamps, "recency_clock": clock}
+
+    def _apply_state(self, state: dict[str, Any]) -> None:
+        if self.strategy != "recency":
+            return
+        stamps = state["position_recency"]
+        if self.is_shared:  # the workers hold these tensors: write into them
             self._position_recency.zero_()
             self._position_recency[: stamps.numel()] = stamps
         else:
-            self._position_recency = stamps.clone()
-        self._clock[0] = clock
+            self._position_recency = stamps
+        self._clock[0] = state["recency_clock"]
         self._forget_derived()
+
+    def dumps(self, path, **kwargs) -> None:
+        """Saves the write clock of ``strategy="recency"`` to the checkpoint directory ``path`` (see
+        :meth:`Component.dumps <torchrl.data.replay_buffers.component.Component.dumps>`). A no-op for the other
+        strategies, which keep no state (nothing is written, as in TorchRL).
+
+        Examples:
+            >>> import os, tempfile
+            >>> from torchrl.data import PromptGroupSampler
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     PromptGroupSampler(num_groups=2).dumps(os.path.join(d, "sampler"))
+            ...     os.listdir(d)
+            []
+        """
+        if self.strategy == "recency":
+            super().dumps(path, **kwargs)
+
+    def loads(self, path) -> None:
+        """Loads a checkpoint written by :meth:`dumps` (``strategy="recency"``); a no-op for the other
+        strategies, which keep no state (``path`` is not read)."""
+        if self.strategy == "recency":
+            super().loads(path)
 
     def __repr__(self) -> str:
         size = (

@@ -66,12 +66,19 @@ def _as_index_array(index, name: str = "index") -> np.ndarray:
 
 
 def _as_value_array(value, count: int | None = None, name: str = "value") -> np.ndarray:
-    """A 1-D float64 array from a number, a real tensor or a sequence (broadcast to ``count``)."""
+    """A 1-D float64 array from a number, a real tensor or a sequence (broadcast to ``count``); complex and
+    boolean values are refused (a complex value cast to float would silently lose its imaginary part)."""
     if isinstance(value, torch.Tensor):
         if value.is_complex() or value.dtype == torch.bool:
             raise TypeError(f"`{name}` must hold real numbers, got a tensor of dtype {value.dtype}.")
         array = value.detach().to("cpu", torch.float64).numpy()
     else:
+        if isinstance(value, complex) or np.iscomplexobj(value):
+            shown = value if np.ndim(value) == 0 else np.asarray(value).reshape(-1)[:3].tolist()
+            raise TypeError(
+                f"`{name}` must hold real numbers, got complex values ({shown}): pass real ones, e.g. their "
+                f"magnitude (abs(x)). Nothing was changed."
+            )
         try:
             array = np.asarray(value, dtype=np.float64)
         except (TypeError, ValueError) as err:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from tensordict import NestedKey
 
+from torchrl.data.replay_buffers.errors import torchrl_error
 from torchrl.data.replay_buffers.samplers._slice_args import SliceArgs
 from torchrl.data.replay_buffers.samplers._stable_items import unstable_items_error
 from torchrl.data.replay_buffers.samplers._trajectories import (
@@ -25,11 +26,14 @@ from torchrl.data.replay_buffers.samplers._trajectories import (
     has_key,
     read_column,
     ring_layout,
+    sibling_key,
 )
 from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, check_not_empty
+from torchrl.data.replay_buffers.storages.compressed import CompressedListStorage
+from torchrl.data.replay_buffers.storages.list import ListStorage
+from torchrl.data.replay_buffers.storages.stack import LazyStackStorage
 
-_DONE_KEY = ("next", "done")
-_TERMINATED_KEY = ("next", "terminated")
+_DONE_KEY = ("next", "done")  # the default end key (the done sibling of the default truncated_key)
 _MASK_KEY = ("collector", "mask")
 _IS_INIT_KEY = "is_init"
 _PROBED_TRAJ_KEYS = (("collector", "traj_ids"), "episode")
@@ -37,14 +41,25 @@ _BELOW_ONE = 1.0 - 2.0**-52  # floor(u * n * _BELOW_ONE) < n for every float64 u
 
 
 def _check_end_signal(column, n_rows: int, n_cols: int, key) -> None:
-    """Refuses an end signal with several flags per step (e.g. ``[N, 2]``), as TorchRL does."""
+    """Refuses an end signal with several flags per step (e.g. ``[N, 2]`` or ``[N, 5, 1]``), as TorchRL does."""
     if column.numel() != n_rows * n_cols:
-        per_step = f"[{n_rows}] or [{n_rows}, 1]" if n_cols == 1 else f"[{n_rows}, {n_cols}] or [{n_rows}, {n_cols}, 1]"
-        raise ValueError(
-            f"The end signal {key!r} has shape {list(column.shape)}: slice samplers need one done flag per "
-            f"step ({per_step}). Reduce it to one flag per step first, e.g. "
-            f"data[{key!r}] = data[{key!r}].any(-1, keepdim=True), or pass `traj_key`."
+        per_step = (
+            f"[{n_rows}] or [{n_rows}, 1]"
+            if n_cols == 1
+            else f"[{n_rows}, {n_cols}] or [{n_rows}, {n_cols}, 1]"
         )
+        raise torchrl_error("slice_done_ndim", key=key, shape=list(column.shape), per_step=per_step)
+
+
+def _check_tensordict_storage(sampler, storage) -> None:
+    """Refuses a plain :class:`ListStorage`, whose items are not read as one TensorDict (as TorchRL does).
+
+    A :class:`LazyStackStorage` (a lazy stack of its items) and a :class:`CompressedListStorage` are read.
+    """
+    if isinstance(storage, ListStorage) and not isinstance(
+        storage, (LazyStackStorage, CompressedListStorage)
+    ):
+        raise torchrl_error("slice_list_storage", cls=type(sampler).__name__, storage=type(storage).__name__)
 
 
 @dataclass
@@ -94,7 +109,8 @@ class SliceSampler(Sampler):
             Exactly one of ``num_slices``/``slice_len`` must be given.
         slice_len (int, optional): steps per slice; a batch holds ``batch_size // slice_len`` slices.
         end_key (NestedKey, optional): the done flags that end trajectories, one per step (shape ``[N]`` or
-            ``[N, 1]``; several flags per step, e.g. ``[N, 2]``, raise a ValueError, as in TorchRL). With neither end keys nor
+            ``[N, 1]``; several flags per step, e.g. ``[N, 2]``, raise a RuntimeError (also a ValueError), as in
+            TorchRL). With neither end keys nor
             ``traj_key``, the sampler uses ``("collector", "traj_ids")`` if stored, else ``"episode"``, else
             ``("next", "done")``; a trajectory-id key found this way is stored in :attr:`traj_key` at the
             first sample and used from then on (as TorchRL does). Defaults to ``None``.
@@ -113,9 +129,10 @@ class SliceSampler(Sampler):
         trajectories (Tensor, optional): static trajectory ids, as ``ends``. Defaults to ``None``.
         cache_values (bool): keep the trajectory boundaries between calls, until the storage is written again
             (keyed on the storage's write revision). Defaults to ``False``.
-        truncated_key (NestedKey, optional): the info entry marking the last step of each slice;
-            ``("next", "done")`` and ``("next", "terminated")`` are returned with it. ``None`` returns none of
-            the three. Defaults to ``("next", "truncated")``.
+        truncated_key (NestedKey, optional): the info entry marking the last step of each slice; its
+            ``"done"`` and ``"terminated"`` siblings (the key with its last element replaced, e.g.
+            ``("next", "done")`` for the default, ``"done"`` for ``truncated_key="truncated"``) are returned
+            with it. ``None`` returns none of the three. Defaults to ``("next", "truncated")``.
         strict_length (bool): ``True`` only samples trajectories that hold a full slice; ``False`` also
             samples shorter trajectories, whose slices are then shorter (the batch is shorter than
             ``batch_size`` unless ``pad_output=True``). Defaults to ``True``.
@@ -143,8 +160,9 @@ class SliceSampler(Sampler):
     ``sample`` returns ``(index, info)``: ``index`` is a tuple of per-dimension index tensors (one tensor
     for 1-D storages) whose entries ``[i * slice_len, (i + 1) * slice_len)`` are slice ``i``, in time
     order; ``info`` holds ``truncated_key`` (``[B, 1]``, ``True`` on the last real step of each slice,
-    and, without ``pad_output``, on the steps a span repeats after it), ``("next", "done")`` (stored done or truncated) and
-    ``("next", "terminated")`` (stored, or ``False``). When the storage holds an ``"is_init"`` entry,
+    and, without ``pad_output``, on the steps a span repeats after it), its ``"done"`` sibling (the stored
+    done flag OR truncated; just truncated when the storage holds no such entry) and its ``"terminated"``
+    sibling (the stored flag, or ``False``). When the storage holds an ``"is_init"`` entry,
     ``info["is_init"]`` (``[B, 1]``, bool) is ``True`` on the first step of each slice and where the stored
     ``"is_init"`` is ``True`` (it is returned even with ``truncated_key=None``).
 
@@ -152,7 +170,12 @@ class SliceSampler(Sampler):
     the other arguments (see :class:`Sampler`); ``cache_values``, ``pad_output`` and ``span`` are then
     refused with a TypeError, since that class does not take them.
 
-    .. note:: With ``cache_values=True`` and a :class:`ListStorage` (which has no write revision), the cache
+    The trajectories are read from stored TensorDicts: a plain :class:`ListStorage` raises a
+    ``RuntimeError`` at :meth:`sample` (use a :class:`LazyTensorStorage`, a :class:`LazyMemmapStorage` or a
+    :class:`LazyStackStorage`), unless ``ends``/``trajectories`` give them.
+
+    .. note:: With ``cache_values=True`` and a list-based storage (:class:`LazyStackStorage`,
+        :class:`CompressedListStorage`, which have no write revision), the cache
         is keyed on the storage length and cleared by the buffer's ``extend``/``add`` notifications; write
         through a buffer, not ``storage.set``, to keep it fresh.
 
@@ -245,6 +268,8 @@ class SliceSampler(Sampler):
         """The trajectories of ``storage``, from the cache when it is still valid."""
         if not getattr(storage, "stable_items", True):  # e.g. a DatasetStorage: no trajectory to index
             raise unstable_items_error(self, storage)
+        if self._static is None:  # the trajectories are read from the stored entries
+            _check_tensordict_storage(self, storage)
         check_not_empty(storage)
         key = self._cache_key(storage)
         cache = self._cache
@@ -309,16 +334,19 @@ class SliceSampler(Sampler):
         layout = {"n_rows": n_rows, "n_cols": n_cols, "offset": offset, "last_row": last_row}
         index = find_trajectories(values, is_done=is_done, ndim=storage.ndim, **layout)
         done = terminated = is_init = None
-        if self.truncated_key is not None:
-            if has_key(storage, _DONE_KEY):
-                done = self._flags(storage, _DONE_KEY, n_rows, n_cols)
-            elif is_done and not isinstance(source, torch.Tensor):
-                done = values.reshape(-1, 1) if values.dtype == torch.bool else values.reshape(-1, 1).bool()
-            if has_key(storage, _TERMINATED_KEY):
-                terminated = self._flags(storage, _TERMINATED_KEY, n_rows, n_cols)
+        if self.truncated_key is not None:  # the stored siblings of truncated_key, returned with it
+            done_key, terminated_key = self._info_keys()
+            if has_key(storage, done_key):
+                done = self._flags(storage, done_key, n_rows, n_cols)
+            if has_key(storage, terminated_key):
+                terminated = self._flags(storage, terminated_key, n_rows, n_cols)
         if has_key(storage, _IS_INIT_KEY):
             is_init = self._flags(storage, _IS_INIT_KEY, n_rows, n_cols)
         return _Boundaries(key=key, index=index, done=done, terminated=terminated, is_init=is_init)
+
+    def _info_keys(self) -> tuple:
+        """``(done_key, terminated_key)``: the siblings of ``truncated_key`` (its last element replaced)."""
+        return sibling_key(self.truncated_key, "done"), sibling_key(self.truncated_key, "terminated")
 
     @staticmethod
     def _flags(storage, key, n_rows: int, n_cols: int) -> torch.Tensor:
@@ -403,6 +431,11 @@ class SliceSampler(Sampler):
             cached = self._templates[key] = (steps, last, first)
         return cached
 
+    def _drops_outside_steps(self) -> bool:
+        """Whether the steps of a slice outside its trajectory (past a span's edge) are dropped (the slice is
+        shorter) rather than clamped to the trajectory's first/last step."""
+        return not self.pad_output and not self.strict_length
+
     def sample(self, storage, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:
         batch_size = check_batch_size(batch_size)
         num_slices, slice_len = self._slice_shape(batch_size)
@@ -442,7 +475,7 @@ class SliceSampler(Sampler):
             # with padding, only the last real step is truncated (as TorchRL), not the repeats padding it
             truncated = (within if self.pad_output else clamped) == clamped[:, -1:]
             flat = clamped.add_(traj_starts.unsqueeze(-1))
-            drop = not self.pad_output and not self.strict_length
+            drop = self._drops_outside_steps()
             for key, value in (per_slice or {}).items():
                 value = value.unsqueeze(-1).expand(-1, slice_len)
                 info[key] = value[real] if drop else value.reshape(-1)
@@ -463,9 +496,10 @@ class SliceSampler(Sampler):
                 terminated = torch.zeros_like(truncated)
             else:
                 terminated = bounds.terminated.index_select(0, cells)
+            done_key, terminated_key = self._info_keys()
             info[self.truncated_key] = truncated
-            info[_DONE_KEY] = done
-            info[_TERMINATED_KEY] = terminated
+            info[done_key] = done
+            info[terminated_key] = terminated
         if bounds.is_init is not None:  # a slice starts a sequence, as a stored trajectory start does
             info[_IS_INIT_KEY] = bounds.is_init.index_select(0, cells).logical_or_(first)
         if self.pad_output and real is not None and not bool(real.all()):  # only when something is padded

@@ -37,7 +37,9 @@ def _check_version_key(key):
 
 
 def _check_max_staleness(value) -> int:
-    value = check_int("max_staleness", value, hint="Pass -1 (no limit) or the largest staleness to draw, e.g. 4.")
+    value = check_int(
+        "max_staleness", value, hint="Pass -1 (no limit) or the largest staleness to draw, e.g. 4."
+    )
     if value < -1:
         raise ValueError(f"`max_staleness` must be -1 (no limit) or an int >= 0, got {value}.")
     return value
@@ -47,7 +49,9 @@ def _as_version(value, name: str) -> int:
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
         value = int(value)
     if not is_int(value):
-        raise TypeError(f"`{name}` must be an int (a policy version), got {value!r} ({type(value).__name__}).")
+        raise TypeError(
+            f"`{name}` must be an int (a policy version), got {value!r} ({type(value).__name__})."
+        )
     return int(value)
 
 
@@ -196,7 +200,9 @@ class StalenessAwareSampler(Sampler):
                     raise _missing_key_error(key, "some stored items do not have it")
                 return torch.stack([torch.as_tensor(item.get(key)).reshape(-1)[0] for item in data])
             if not isinstance(data, TensorDictBase) or key not in data.keys(True):
-                what = type(data).__name__ if not isinstance(data, TensorDictBase) else "a TensorDict without it"
+                what = (
+                    type(data).__name__ if not isinstance(data, TensorDictBase) else "a TensorDict without it"
+                )
                 raise _missing_key_error(key, f"the storage holds {what}")
             entry = data.get(key)
         else:
@@ -207,7 +213,10 @@ class StalenessAwareSampler(Sampler):
         """``(cumulative weights (float64), staleness, number of drawable items, last drawable position)``,
         cached between writes."""
         revision = getattr(storage, "write_revision", None)
-        consumer, max_staleness = self._consumer_version, self._max_staleness  # read once: shared values may move
+        consumer, max_staleness = (
+            self._consumer_version,
+            self._max_staleness,
+        )  # read once: shared values may move
         key = (id(storage), revision, n, consumer, max_staleness, self.staleness_weight_fn)
         cache = self._cache
         if revision is not None and cache is not None and cache[0] == key:
@@ -229,7 +238,11 @@ class StalenessAwareSampler(Sampler):
             weights = 1.0 / (staleness.to(torch.float64) + 1.0)
         else:
             weights = torch.as_tensor(fn(staleness)).to(torch.float64)
-            if weights.shape != staleness.shape or not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
+            if (
+                weights.shape != staleness.shape
+                or not bool(torch.isfinite(weights).all())
+                or bool((weights < 0).any())
+            ):
                 raise ValueError(
                     f"`staleness_weight_fn` must return finite weights >= 0 shaped like its input "
                     f"({list(staleness.shape)}); it returned {list(weights.shape)} values in "
@@ -295,10 +308,20 @@ class StalenessAwareSampler(Sampler):
     def state_dict(self) -> dict[str, Any]:
         return {"consumer_version": self._consumer_version, "max_staleness": self._max_staleness}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        version = _as_version(state_dict["consumer_version"], "consumer_version")
-        self.max_staleness = state_dict.get("max_staleness", self._max_staleness)
-        self._consumer_version = version
+    def _validate_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``consumer_version`` (an int, required) and ``max_staleness`` (``-1`` or an int ``>= 0``)."""
+        if "consumer_version" not in state:
+            raise ValueError(
+                f"StalenessAwareSampler state_dict has no 'consumer_version' entry (it has {sorted(map(str, state))}): "
+                f"pass what StalenessAwareSampler.state_dict() returned. Nothing was changed."
+            )
+        version = _as_version(state["consumer_version"], "consumer_version")
+        max_staleness = _check_max_staleness(state.get("max_staleness", self._max_staleness))
+        return {"consumer_version": version, "max_staleness": max_staleness}
+
+    def _apply_state(self, state: dict[str, Any]) -> None:
+        self._max_staleness = state["max_staleness"]
+        self._consumer_version = state["consumer_version"]
         self._forget_derived()
 
     def __repr__(self) -> str:

@@ -20,10 +20,9 @@ from torchrl.data.replay_buffers.samplers._slice_args import SliceArgs
 from torchrl.data.replay_buffers.samplers._streaming_windows import WindowQueue
 from torchrl.data.replay_buffers.samplers._trajectories import has_key, normalize_key
 from torchrl.data.replay_buffers.samplers.base import check_batch_size, check_not_empty
-from torchrl.data.replay_buffers.samplers.slice import SliceSampler
+from torchrl.data.replay_buffers.samplers.slice import SliceSampler, _check_tensordict_storage
 
-_DONE_KEY = ("next", "done")
-_TERMINATED_KEY = ("next", "terminated")
+_DONE_KEY = ("next", "done")  # the default end key
 _MASK_KEY = ("collector", "mask")
 _SLICE_INIT_KEY = "is_init"  # the key SliceSampler reads and returns its slice-start flags under
 _WHO = "StreamingSliceSampler"
@@ -52,7 +51,9 @@ class StreamingSliceSampler(SliceSampler):
     per-worker copy, so a buffer with this sampler is refused by DataLoader workers. The state round-trips
     through ``state_dict``/``load_state_dict``, ``dumps``/``loads`` and pickling. The sampler learns of writes
     through the buffer (``mark_update``); use it in a buffer, or call ``mark_update(index, storage=storage)``
-    after each ``storage.set``. It needs a 1-D storage whose items are TensorDicts.
+    after each ``storage.set``. It needs a 1-D storage whose items are read as TensorDicts (a TensorStorage or a
+    :class:`~torchrl.data.LazyStackStorage`; a plain :class:`~torchrl.data.ListStorage` raises a ``RuntimeError``
+    at :meth:`sample`, as in :class:`SliceSampler`).
 
     Keyword Args:
         slice_len (int): steps per slice (window); ``batch_size`` must be a multiple of it.
@@ -61,7 +62,8 @@ class StreamingSliceSampler(SliceSampler):
         cache_values (bool): keep the trajectory boundaries of the uniform fallback between calls, until the
             storage is written again (as in :class:`SliceSampler`). Defaults to ``False``.
         truncated_key (NestedKey, optional): the info entry marking the last step of each slice, returned
-            with ``("next", "done")`` and ``("next", "terminated")`` as in :class:`SliceSampler`.
+            with its ``"done"`` and ``"terminated"`` siblings (``("next", "done")`` and ``("next", "terminated")``
+            for the default) as in :class:`SliceSampler`.
             Defaults to ``("next", "truncated")``.
         init_key (NestedKey): the stored entry flagging the first step of a trajectory, and the info entry
             returned under that name when it is stored: ``True`` on the first step of each slice and where the
@@ -204,6 +206,7 @@ class StreamingSliceSampler(SliceSampler):
         batch_size = check_batch_size(batch_size)
         num_slices, slice_len = self._slice_shape(batch_size)
         self._check_ndim(storage)
+        _check_tensordict_storage(self, storage)
         check_not_empty(storage)
         self._cut_log(storage)
         rows, stamps, lengths = self._queue.pop(num_slices)
@@ -253,22 +256,19 @@ class StreamingSliceSampler(SliceSampler):
                 flat, truncated, first = rows[keep], truncated[keep], first[keep]
             truncated, first = truncated.reshape(-1, 1), first.reshape(-1, 1)
         info: dict = {}
-        if self.truncated_key is not None:
-            if has_key(storage, _DONE_KEY):
-                done = flags_at(storage, [_DONE_KEY], flat, who=_WHO)
+        if self.truncated_key is not None:  # with its stored "done"/"terminated" siblings, as SliceSampler
+            done_key, terminated_key = self._info_keys()
+            if has_key(storage, done_key):
+                done = flags_at(storage, [done_key], flat, who=_WHO).logical_or_(truncated)
             else:
-                id_key, done_keys = self._stream_keys(storage)
-                done = (
-                    flags_at(storage, done_keys, flat, who=_WHO)
-                    if id_key is None and done_keys
-                    else truncated.clone()
-                )
+                done = truncated.clone()
+            if has_key(storage, terminated_key):
+                terminated = flags_at(storage, [terminated_key], flat, who=_WHO)
+            else:
+                terminated = torch.zeros_like(truncated)
             info[self.truncated_key] = truncated
-            info[_DONE_KEY] = done.logical_or_(truncated)
-            if has_key(storage, _TERMINATED_KEY):
-                info[_TERMINATED_KEY] = flags_at(storage, [_TERMINATED_KEY], flat, who=_WHO)
-            else:
-                info[_TERMINATED_KEY] = torch.zeros_like(truncated)
+            info[done_key] = done
+            info[terminated_key] = terminated
         if has_key(storage, self.init_key):
             info[self.init_key] = flags_at(storage, [self.init_key], flat, who=_WHO).logical_or_(first)
         if real is not None:
@@ -288,8 +288,12 @@ class StreamingSliceSampler(SliceSampler):
         """The write stamps, the steps not cut yet, the pending rows per trajectory and the queued windows."""
         return self._queue.state_dict()
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._queue.load_state_dict(state_dict)
+    # load_state_dict: NOTE [sampler state validation] in samplers/base.py (check everything, then install)
+    def _validate_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"parsed": self._queue.check_state(state)}
+
+    def _apply_state(self, state: dict[str, Any]) -> None:
+        self._queue.apply_state(state["parsed"])
 
     def _repr_fields(self) -> list[str]:
         return super()._repr_fields() + [f"init_key={self.init_key!r}", f"queued={self.queued}"]

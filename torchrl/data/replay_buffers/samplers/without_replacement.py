@@ -13,16 +13,30 @@ from typing import Any
 
 import torch
 
-from torchrl.data.replay_buffers.errors import EpochEnded
-from torchrl.data.replay_buffers.samplers._shared_epoch import Pin, SharedEpoch
+from torchrl._validation import check_bool
+from torchrl.data.replay_buffers.errors import EpochEnded, torchrl_error
+from torchrl.data.replay_buffers.samplers._shared_epoch import (
+    Pin,
+    SharedEpoch,
+    check_plan,
+    derived_permutation,
+)
 from torchrl.data.replay_buffers.samplers.base import (
     Sampler,
     check_batch_size,
     check_not_empty,
     register_without_replacement,
+    state_bool,
+    state_index_tensor,
+    state_int,
     unravel,
 )
 from torchrl.data.replay_buffers.samplers.random import RandomSampler
+
+_SEED_BOUND = 1 << 62  # seeds of shared epochs are below it; -1 is storage order
+#: The largest epoch a state may describe: a shared sampler holds the whole permutation (8 bytes an item), so a
+#: crafted ``len_storage`` must not make it allocate without bound.
+_MAX_EPOCH = 1 << 32
 
 
 class SamplerWithoutReplacement(Sampler):
@@ -64,12 +78,18 @@ class SamplerWithoutReplacement(Sampler):
     _epoch_id = 0  # private epochs drawn so far (the shared state counts its own)
     _epoch_state: SharedEpoch | None = None  # the shared epoch, once shared
     _pin: Pin | None = None  # this process's pin (never pickled)
-    _planned: tuple[int, int, int | None] | None = None  # the next draw's (key, number, total) (never pickled)
+    _planned: tuple[int, int, int | None] | None = (
+        None  # the next draw's (key, number, total) (never pickled)
+    )
     _pending_plan: dict | None = None  # a plan loaded into a private sampler, handed to the shared epoch
 
     def __init__(self, drop_last: bool = False, shuffle: bool = True):
-        self.drop_last = bool(drop_last)
-        self.shuffle = bool(shuffle)
+        self.drop_last = check_bool(
+            "drop_last", drop_last, hint="Pass True to drop a short last batch, or False."
+        )
+        self.shuffle = check_bool(
+            "shuffle", shuffle, hint="Pass False to visit items in storage order, or True."
+        )
         self._perm: torch.Tensor | None = None
         self._pos = 0
         self._len_storage = 0
@@ -94,7 +114,10 @@ class SamplerWithoutReplacement(Sampler):
             True
         """
         if self._epoch_state is None:
-            self._epoch_state = SharedEpoch(self._perm, self._pos, self._len_storage)
+            perm, pos, length = self._perm, self._pos, self._len_storage
+            if perm is not None and perm.numel() != length:  # a loaded epoch holds only the positions left
+                perm, pos = _complete_epoch(perm[pos:], length, None), length - (perm.numel() - pos)
+            self._epoch_state = SharedEpoch(perm, pos, length)
             self._perm, self._pos, self._len_storage = None, 0, 0
             self._epoch_state.load_plan(self._pending_plan)
             self._pending_plan = None
@@ -201,10 +224,7 @@ class SamplerWithoutReplacement(Sampler):
         batch_size = check_batch_size(batch_size)
         n = check_not_empty(storage)
         if self.drop_last and n < batch_size:
-            raise ValueError(
-                f"`batch_size`={batch_size} is larger than the {n} stored items and drop_last=True: every "
-                f"batch would be dropped. Lower the batch size or pass drop_last=False."
-            )
+            raise torchrl_error("without_replacement_batch", batch_size=batch_size, size=n)
         return unravel(self._next_in_epoch(n, batch_size), storage), {}
 
     def _next_in_epoch(self, n: int, count: int) -> torch.Tensor:
@@ -239,11 +259,13 @@ class SamplerWithoutReplacement(Sampler):
         if self._perm is None or (self._len_storage != n and not grown_while_pinned):
             self._new_epoch(n)
             if pin is not None:  # the storage shrank under the pinned epoch
-                raise EpochEnded(f"Epoch {pin.epoch} of this sampler without replacement no longer fits the storage.")
+                raise EpochEnded(
+                    f"Epoch {pin.epoch} of this sampler without replacement no longer fits the storage."
+                )
         self._ran_out = False
         chosen = self._perm[self._pos : self._pos + count]
         self._pos += chosen.numel()
-        remaining = self._len_storage - self._pos
+        remaining = self._perm.numel() - self._pos  # a loaded epoch holds only the positions left
         if remaining == 0 or (self.drop_last and remaining < count):
             self._ran_out = True
             self._new_epoch(n)
@@ -267,20 +289,23 @@ class SamplerWithoutReplacement(Sampler):
 
     @_sample_list.setter
     def _sample_list(self, value) -> None:
-        value = torch.as_tensor(value, dtype=torch.long).reshape(-1)
-        perm, _, length, _ = self._epoch()
-        if perm is None or value.numel() > length:
-            perm, pos, length = value.clone(), 0, value.numel()
-        else:
-            pos = length - value.numel()  # keep len(perm) == the storage length the epoch covers
-            perm = torch.cat([perm[:pos].to(value.device), value])
-        self._set_epoch(perm, pos, length)
+        rest = torch.as_tensor(value, dtype=torch.long).reshape(-1).clone()
+        _, _, length, _ = self._epoch()
+        self._set_epoch(rest, max(length, rest.numel()))
 
-    def _set_epoch(self, perm: torch.Tensor | None, pos: int, length: int, seed: int | None = None) -> None:
+    def _set_epoch(self, rest: torch.Tensor | None, length: int, seed: int | None = None) -> None:
+        """Makes ``rest`` the positions left, in order, in an epoch over ``length`` items (``None``: no epoch).
+
+        A private sampler keeps only ``rest`` (memory in proportion to what is left); a shared one the whole
+        permutation (the one ``seed`` derives when it ends with ``rest``), which its readers index."""
         if self._epoch_state is not None:
-            self._epoch_state.load(perm, pos, length, seed)
+            if rest is None:
+                self._epoch_state.load(None, 0, 0)
+            else:
+                perm = _complete_epoch(rest, length, seed)
+                self._epoch_state.load(perm, length - rest.numel(), length, seed)
         else:
-            self._perm, self._pos, self._len_storage = perm, pos, length
+            self._perm, self._pos, self._len_storage = rest, 0, 0 if rest is None else length
 
     def _empty(self) -> None:
         if self._epoch_state is not None:
@@ -292,40 +317,106 @@ class SamplerWithoutReplacement(Sampler):
         self._ran_out = False
 
     def state_dict(self) -> dict[str, Any]:
-        """The epoch in progress (permutation, cursor, length) and the options; for a shared sampler, a
-        consistent copy taken under its lock, even while DataLoader workers draw, and the seed its permutation
-        derives from (``_seed``, ``None`` otherwise): a shared sampler loads it without storing the
-        permutation. ``_plan`` is the plan of the DataLoader iteration drawing by number (:meth:`planned_draw`),
-        if any: a resumed iteration rejoins it."""
+        """The epoch in progress and the options, in TorchRL's layout plus ours.
+
+        - ``_sample_list``: the positions not drawn yet in the current epoch, in the order they will be drawn (a
+          new tensor; ``None`` before the first draw); ``len_storage``: how many items the epoch covers;
+          ``drop_last``, ``_ran_out`` (TorchRL's keys);
+        - ``shuffle``; ``_seed``: for a shared sampler, the seed its permutation derives from (``None``
+          otherwise), so that a shared sampler loads it without storing the permutation; ``_plan``: the plan of
+          the DataLoader iteration drawing by number (:meth:`planned_draw`), if any, which a resumed iteration
+          rejoins.
+
+        A shared sampler is copied under its lock: a consistent state even while DataLoader workers draw.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage
+            >>> storage = LazyTensorStorage(10)
+            >>> storage.set(torch.arange(5), torch.arange(5))
+            >>> sampler = SamplerWithoutReplacement(shuffle=False)
+            >>> _ = sampler.sample(storage, 2)
+            >>> state = sampler.state_dict()
+            >>> state["_sample_list"], state["len_storage"]
+            (tensor([2, 3, 4]), 5)
+            >>> fresh = SamplerWithoutReplacement(shuffle=False)
+            >>> fresh.load_state_dict(state)
+            >>> fresh.sample(storage, 3)[0]
+            tensor([2, 3, 4])
+        """
         perm, pos, length, seed = self._epoch()
         plan = self._epoch_state.plan_state() if self._epoch_state is not None else self._pending_plan
         return {
-            "_plan": plan,
-            "_perm": None if perm is None else perm.clone(),
-            "_pos": pos,
-            "_len_storage": length,
-            "_seed": seed,
-            "_ran_out": self._ran_out,
+            "len_storage": length,
+            "_sample_list": None if perm is None else perm[pos:].clone(),
             "drop_last": self.drop_last,
+            "_ran_out": self._ran_out,
             "shuffle": self.shuffle,
+            "_seed": seed,
+            "_plan": plan,
         }
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        perm = state_dict["_perm"]
-        perm = None if perm is None else torch.as_tensor(perm).clone()
-        seed = state_dict.get("_seed")
-        self._set_epoch(perm, int(state_dict["_pos"]), int(state_dict["_len_storage"]), None if seed is None else int(seed))
-        plan = state_dict.get("_plan")
-        if self._epoch_state is not None:
-            self._epoch_state.load_plan(plan)
+    def _validate_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Checks an epoch saved by :meth:`state_dict` (or the ``_perm``/``_pos``/``_len_storage`` layout of earlier
+        versions): the positions are distinct and within the items the epoch covers, the cursor within the epoch.
+        Returns ``{"rest", "length", "seed", "plan", "ran_out", "drop_last", "shuffle"}`` (``rest``: the
+        positions left in the epoch, in order)."""
+        who = type(self).__name__
+        seed = state.get("_seed")
+        if seed is not None:
+            seed = state_int(state, "_seed", who, -1, _SEED_BOUND - 1)
+        if "_perm" in state and "_sample_list" not in state:  # the layout of earlier versions
+            length = state_int(state, "_len_storage", who, 0)
+            perm = state_index_tensor(state, "_perm", who, length, unique=True)
+            if perm is not None and perm.numel() != length:
+                raise ValueError(
+                    f"{who} state_dict['_perm'] has {perm.numel()} positions for an epoch of {length} items "
+                    f"(`_len_storage`): a permutation lists each item once. Nothing was changed."
+                )
+            pos = state_int(state, "_pos", who, 0, length)
+            rest = None if perm is None else perm[pos:]
         else:
-            self._pending_plan = plan
-        self._ran_out = bool(state_dict["_ran_out"])
-        self.drop_last = bool(state_dict.get("drop_last", self.drop_last))
-        self.shuffle = bool(state_dict.get("shuffle", self.shuffle))
+            length = state_int(state, "len_storage", who, 0, _MAX_EPOCH)
+            rest = state_index_tensor(state, "_sample_list", who, length, unique=True)
+        ran_out = state_bool(state, "_ran_out", who)
+        drop_last = state_bool(state, "drop_last", who, default=self.drop_last)
+        shuffle = state_bool(state, "shuffle", who, default=self.shuffle)
+        plan = check_plan(state.get("_plan"), who)
+        return {
+            "rest": rest,
+            "length": length if rest is not None else 0,
+            "seed": seed,
+            "plan": plan,
+            "ran_out": ran_out,
+            "drop_last": drop_last,
+            "shuffle": shuffle,
+        }
+
+    def _apply_state(self, state: dict[str, Any]) -> None:
+        self._set_epoch(state["rest"], state["length"], state["seed"])
+        if self._epoch_state is not None:
+            self._epoch_state.load_plan(state["plan"])
+        else:
+            self._pending_plan = state["plan"]
+        self._ran_out = state["ran_out"]
+        self.drop_last = state["drop_last"]
+        self.shuffle = state["shuffle"]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(drop_last={self.drop_last}, shuffle={self.shuffle})"
+
+
+def _complete_epoch(rest: torch.Tensor, length: int, seed: int | None) -> torch.Tensor:
+    """The permutation of an epoch over ``length`` items whose not-yet-drawn part is ``rest`` (distinct positions
+    in range): the one ``seed`` derives when it ends with ``rest``, else the drawn items in storage order, then
+    ``rest``."""
+    if seed is not None:
+        derived = derived_permutation(seed, length)
+        if torch.equal(derived[length - rest.numel() :], rest):
+            return derived
+    drawn = torch.ones(length, dtype=torch.bool)
+    drawn[rest] = False
+    return torch.cat([drawn.nonzero().reshape(-1), rest])
 
 
 register_without_replacement(RandomSampler, SamplerWithoutReplacement)
