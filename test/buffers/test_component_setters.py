@@ -50,9 +50,9 @@ def test_set_storage_detaches_the_old_storage_and_resets_the_collate_function():
     old = rb.set_storage(LazyTensorStorage(10))
     rb.extend(torch.arange(4))
     assert isinstance(rb.sample(), torch.Tensor)  # the tensor storage's collate (identity), not stacking
-    before = rb.sampler.state_dict()["sum_tree"]["values"].clone()
+    before = rb.sampler.state_dict()["_sum_tree"]["values"].clone()
     old.set(0, 42)  # a write to the old storage no longer reaches this buffer's sampler
-    assert torch.equal(rb.sampler.state_dict()["sum_tree"]["values"], before)
+    assert torch.equal(rb.sampler.state_dict()["_sum_tree"]["values"], before)
     custom = ReplayBuffer(storage=LazyTensorStorage(4))
     custom.set_storage(LazyTensorStorage(4), collate_fn=lambda x: x + 1)
     custom.extend(torch.zeros(2))
@@ -74,7 +74,7 @@ def test_set_sampler_and_set_writer_return_the_previous_ones_and_are_wired():
     assert sorted(rb.sample()["obs"].tolist()) == list(range(6))  # one epoch of the new sampler
     prioritized = PrioritizedSampler(6, alpha=1.0, beta=1.0)
     rb.set_sampler(prioritized)
-    assert torch.equal(prioritized.state_dict()["priority"], torch.ones(6))  # the stored items got priorities
+    assert torch.equal(prioritized.state_dict()["_priority"][:6], torch.ones(6))  # the stored items got priorities
     previous = rb.set_writer(TensorDictMaxValueWriter(rank_key="reward"))
     assert isinstance(previous, RoundRobinWriter)
     rb.set_storage(LazyTensorStorage(3))
@@ -94,7 +94,7 @@ def test_set_sampler_and_set_writer_return_the_previous_ones_and_are_wired():
         (lambda rb: rb.set_sampler(None), TypeError, r"`sampler` must be a Sampler instance.*got NoneType"),
         (lambda rb: rb.set_storage(DatasetStorage(torch.utils.data.TensorDataset(torch.zeros(3)))), TypeError,
          "PrioritizedSampler"),
-        (lambda rb: rb.set_sampler(SamplerWithoutReplacement(drop_last=True)), ValueError, "batch_size=N"),
+        (lambda rb: rb.set_sampler(SamplerWithoutReplacement(drop_last=True)), ValueError, "Pass batch_size="),
         (lambda rb: rb.shutdown(timeout=-1), ValueError, "`timeout`"),
         (lambda rb: rb.shutdown(timeout="1"), ValueError, "`timeout`"),
     ],

@@ -22,6 +22,7 @@ from helpers.factories import (
     make_batch,
     make_buffer,
     make_item,
+    skip_tuple_of_items,
     snapshot,
 )
 from tensordict import TensorDict
@@ -42,6 +43,14 @@ from torchrl.data import (
 grid = pytest.mark.parametrize("kind,writer", CASES, ids=CASE_IDS)
 storages = pytest.mark.parametrize("storage", STORAGES)
 samplers = pytest.mark.parametrize("sampler", SAMPLERS)
+
+@pytest.fixture(autouse=True)
+def _pytree_batches_only(request):
+    """The ``(list, tuple)`` pair of the grid writes a tuple of two items, not a batch: see is_tuple_of_items."""
+    params = getattr(request.node, "callspec", None)
+    if params is not None:
+        skip_tuple_of_items(params.params.get("storage"), params.params.get("kind"))
+
 
 
 def _stored_ids(rb, kind) -> list[int]:
@@ -147,6 +156,10 @@ def test_state_dict_round_trip_restores_content_and_next_samples(storage, sample
     rb = make_buffer(storage, sampler, kind, writer, generator=torch.Generator().manual_seed(1))
     rb.extend(make_batch(kind, 0, 7))
     rb.sample()  # move the sampler (epoch position) and the generator away from their start
+    if kind in ("dict", "tuple") and storage != "list":  # TorchRL's rule: a pytree tensor storage has no state dict
+        with pytest.raises(TypeError, match="are not supported by.*dumps"):
+            rb.state_dict()
+        return
     state = rb.state_dict()
     fresh = make_buffer(storage, sampler, kind, writer, generator=torch.Generator().manual_seed(99))
     fresh.load_state_dict(state)
@@ -408,9 +421,9 @@ def test_bad_batch_size_is_refused(sampler, batch_size):
 def test_missing_batch_size_says_where_to_pass_it():
     rb = ReplayBuffer(storage=LazyTensorStorage(10))
     rb.extend(torch.arange(5))
-    with pytest.raises(RuntimeError, match=r"pass `batch_size` to sample\(\)"):
+    with pytest.raises(RuntimeError, match=r"batch_size not specified.*rb\.sample\(batch_size\)"):
         rb.sample()
-    with pytest.raises(RuntimeError, match=r"batch_size=N"):
+    with pytest.raises(RuntimeError, match=r"Batch_size was not specified.*batch_size=\.\.\."):
         next(iter(rb))
 
 

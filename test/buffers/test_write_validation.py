@@ -265,13 +265,14 @@ def test_prioritized_slice_sampler_refuses_unwritten_positions():
     _assert_unchanged(rb, before)
 
 
-def test_a_standalone_sampler_still_takes_any_position_below_max_capacity():
-    # a guard: without a storage, only max_capacity bounds the positions, as before
+def test_a_standalone_sampler_still_takes_any_position_its_trees_hold():
+    # a guard: without a storage, only the trees bound the positions (the next power of two above max_capacity)
     sampler = PrioritizedSampler(CAPACITY, alpha=1.0, beta=0.5)
     sampler.update_priority(torch.tensor([15]), 2.0)
     assert sampler._priority[15] == 2.0
-    with pytest.raises(IndexError, match="`index` 20 is out of range"):
-        sampler.update_priority(torch.tensor([20]), 2.0)
+    tree = sampler._sum_tree.capacity
+    with pytest.raises(IndexError, match=f"`index` {tree} is out of range"):
+        sampler.update_priority(torch.tensor([tree]), 2.0)
 
 
 @pytest.mark.parametrize("ndim", [1, 2])
@@ -282,7 +283,7 @@ def test_writes_that_wrap_the_ring_still_reach_the_sampler(ndim):
     index = rb.extend(data)
     assert len(rb) == 6
     rb.update_priority(index[-6:] if ndim == 1 else index[-6:], torch.full((6,), 2.0))
-    assert np.isfinite(rb.sampler._priority).all()
+    assert np.isfinite(rb.sampler._priority[:6]).all()  # every stored item (positions past them hold none)
 
 
 # -- item 7a: lossy casts into a stored dtype ------------------------------------------------------------------------

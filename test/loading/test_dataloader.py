@@ -405,9 +405,10 @@ def test_prefetch_queue_is_not_sent_to_workers():
     rb = filled_buffer("lazy", prefetch=3)
     rb.sample()  # fills the prefetch queue
     assert len(rb._prefetch_queue) == 3
-    # plain pickling keeps the prefetched batches (issue 12, as TorchRL); a worker's copy drops them when it is
-    # prepared, and a spawned worker never receives them
+    # plain pickling of the buffer keeps the prefetched batches (issue 12, as TorchRL); a pickled dataset leaves
+    # them out (issue 25: test/buffers/test_buffer_torchrl_compat.py), and a spawned worker never receives them
     state = pickle.loads(pickle.dumps(rb.as_dataset(num_batches=2)))
+    assert len(state.replay_buffer._prefetch_queue) == 0
     state.replay_buffer.prepare_worker_copy(seed=0)
     assert len(state.replay_buffer._prefetch_queue) == 0
     batches = list(DataLoader(rb.as_dataset(num_batches=4), batch_size=None, collate_fn=tensordict_collate,

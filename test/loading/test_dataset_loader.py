@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 import torch
+from helpers.extras import require
 from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
@@ -84,7 +85,7 @@ def test_a_dataloader_with_a_batch_size_stacks_the_batches_without_a_warning():
 
 
 def test_loader_yields_the_batches_of_a_stateful_dataloader_built_alike():
-    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    stateful = require("torchdata.stateful_dataloader")
     ours = list(_buffer().as_dataset(num_batches=3).loader())
     theirs = list(
         stateful.StatefulDataLoader(_buffer().as_dataset(num_batches=3), batch_size=None, collate_fn=tensordict_collate)

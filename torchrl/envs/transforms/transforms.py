@@ -47,6 +47,12 @@ class Transform(nn.Module):
         tensor([2., 2.])
     """
 
+    #: Whether the transform keeps a state that its ``inv`` updates on the write path (e.g. running statistics)
+    #: and that every process writing to a shared buffer must see: such a transform needs a ``share_memory_()``
+    #: method, which ``rb.share()`` (and ``append_transform``/``insert_transform`` on a shared buffer) calls; one
+    #: without it is refused with a ``RuntimeError`` (as in TorchRL).
+    requires_shared_write_state: bool = False
+
     def __init__(self, in_keys=None, out_keys=None, in_keys_inv=None, out_keys_inv=None):
         super().__init__()
         self.in_keys = _as_keys(in_keys)

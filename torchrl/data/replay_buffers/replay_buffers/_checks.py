@@ -13,13 +13,14 @@ sampler or writer):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 from torchrl._validation import check_bool, check_positive_int
+from torchrl.data.replay_buffers.errors import torchrl_error
 from torchrl.data.replay_buffers.sample_units import check_sample_unit
 from torchrl.data.replay_buffers.samplers import (
-    PrioritizedSampler,
     RandomSampler,
     SamplerWithoutReplacement,
     SliceSampler,
@@ -60,29 +61,104 @@ def check_component(name: str, value, cls: type):
 def check_drop_last(sampler, batch_size) -> None:
     """As in TorchRL, a sampler built with ``drop_last=True`` needs the buffer's ``batch_size`` (ValueError)."""
     if getattr(sampler, "drop_last", False) and batch_size is None:
+        raise torchrl_error("drop_last_batch_size", sampler=f"{type(sampler).__name__}(drop_last=True)")
+
+
+def _physical_memory_bytes() -> int:
+    """The machine's physical memory in bytes (``2**63 - 1`` when the platform does not say)."""
+    global _MEMORY_BYTES
+    if _MEMORY_BYTES is None:
+        try:
+            _MEMORY_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, OSError, ValueError):
+            _MEMORY_BYTES = 2**63 - 1
+    return _MEMORY_BYTES
+
+
+_MEMORY_BYTES: int | None = None
+
+
+def check_sample_batch_size(batch_size) -> int:
+    """``batch_size`` of a ``sample()`` call, validated before anything is allocated: a positive int whose int64
+    indices alone (8 bytes each) fit in the machine's physical memory, else a ``ValueError`` naming
+    ``batch_size`` (rather than the allocator's error once the draw started)."""
+    batch_size = check_positive_int("batch_size", batch_size, type_error=False)
+    if batch_size * 8 > _physical_memory_bytes():
         raise ValueError(
-            f"{type(sampler).__name__}(drop_last=True) drops the last batch of an epoch when it is "
-            f"shorter than the buffer's batch size, and the buffer has none. Pass "
-            f"ReplayBuffer(..., batch_size=N), or drop_last=False."
+            f"`batch_size`={batch_size} cannot be sampled: its indices alone take {batch_size * 8 / 2**30:.0f} GiB "
+            f"(8 bytes each), more than this machine's {_physical_memory_bytes() / 2**30:.0f} GiB of memory. "
+            f"Pass a smaller batch_size, or sample several smaller batches."
         )
+    return batch_size
+
+
+def share_transform_write_state(transform) -> None:
+    """Moves the write state of the transforms in ``transform`` (an :class:`torch.nn.Module`, its sub-transforms
+    included) that declare ``requires_shared_write_state = True`` to shared memory with their ``share_memory_()``.
+
+    All are checked first: one without a callable ``share_memory_`` raises TorchRL's ``RuntimeError`` ("write
+    state") and nothing is shared.
+    """
+    modules = transform.modules() if hasattr(transform, "modules") else (transform,)
+    stateful = [m for m in modules if getattr(m, "requires_shared_write_state", False)]
+    for module in stateful:
+        if not callable(getattr(module, "share_memory_", None)):
+            raise torchrl_error("transform_write_state", cls=type(module).__name__)
+    for module in stateful:
+        module.share_memory_()
 
 
 def check_compat_keywords(
     *, transform, transform_factory, consume_after_n_samples, compilable, delayed_init, sample_unit
-) -> tuple[Any, bool, Any]:
-    """Validates TorchRL's buffer keywords; returns ``(transform, compilable, sample_unit)``."""
+) -> tuple[Any, bool, Any, bool]:
+    """Validates TorchRL's buffer keywords; returns ``(transform, compilable, sample_unit, delay)``.
+
+    ``delay`` (whether the components are built at the first write, TorchRL's delayed init) is ``delayed_init``,
+    or, when that is ``None``, whether ``transform_factory`` is given. ``transform`` is then the factory itself
+    (called by the first write); without delay, the factory's transform.
+    """
     if transform_factory is not None:
         if transform is not None:
             raise TypeError("Pass `transform` or `transform_factory`, not both.")
         if not callable(transform_factory):
             raise TypeError(f"`transform_factory` must be a zero-argument callable, got {transform_factory!r}.")
-        transform = transform_factory()
     if consume_after_n_samples is not None:  # the sampler is built by consuming_sampler_for()
         check_positive_int("consume_after_n_samples", consume_after_n_samples)
     if delayed_init is not None:
-        check_bool("delayed_init", delayed_init)  # accepted; the buffer is always built at once
+        check_bool("delayed_init", delayed_init)
+    delay = delayed_init if delayed_init is not None else transform_factory is not None
+    if transform_factory is not None:
+        transform = transform_factory if delay else transform_factory()
     compilable = False if compilable is None else check_bool("compilable", compilable)
-    return transform, compilable, check_sample_unit(sample_unit)
+    return transform, compilable, check_sample_unit(sample_unit), delay
+
+
+def component_or_factory(name: str, value, cls: type):
+    """``value`` (``None``, a ``cls`` instance, or a zero-argument callable that builds one, e.g.
+    ``functools.partial(ListStorage, 100)``, as TorchRL accepts); else a ``TypeError`` naming ``name``."""
+    if value is None or isinstance(value, cls) or callable(value):
+        return value
+    raise TypeError(
+        f"`{name}` must be a {cls.__name__} instance or a zero-argument callable returning one, got "
+        f"{type(value).__name__}."
+    )
+
+
+def built(name: str, value, cls: type):
+    """``value`` if it is a ``cls`` instance; the result of calling it if it is a factory (checked)."""
+    if value is not None and not isinstance(value, cls) and callable(value):
+        try:
+            made = value()
+        except TypeError as err:
+            raise TypeError(
+                f"`{name}` must be a {cls.__name__} instance or a zero-argument callable returning one; calling "
+                f"{getattr(value, '__name__', value)!r}() failed ({err}). Pass an instance, or bind the "
+                f"arguments it needs with functools.partial (e.g. partial(LazyTensorStorage, 100))."
+            ) from err
+        if not isinstance(made, cls):
+            raise TypeError(f"`{name}` factory {value!r} returned a {type(made).__name__}, not a {cls.__name__}.")
+        return made
+    return value
 
 
 def consuming_sampler_for(sampler, consume_after_n_samples: int | None):
@@ -105,16 +181,7 @@ def consuming_sampler_for(sampler, consume_after_n_samples: int | None):
                 f"same count to both."
             )
         return sampler
-    if isinstance(sampler, PrioritizedSampler):
-        raise ValueError(
-            f"`consume_after_n_samples`={n} cannot be combined with the prioritized sampler "
-            f"{type(sampler).__name__}: consumption removes items from the draw, which the priority trees do "
-            f"not model. Drop `consume_after_n_samples`, or sample uniformly (the default sampler)."
-        )
-    raise ValueError(
-        f"`consume_after_n_samples`={n} replaces the default RandomSampler by ConsumingSampler({n}), and this "
-        f"buffer was given {type(sampler).__name__}. Leave `sampler` out, or pass sampler=ConsumingSampler({n})."
-    )
+    raise torchrl_error("consuming_sampler", sampler=type(sampler).__name__, n=n)
 
 
 def check_consuming_buffer(sampler, storage, writer, prefetch) -> None:
@@ -122,16 +189,11 @@ def check_consuming_buffer(sampler, storage, writer, prefetch) -> None:
     if not isinstance(sampler, ConsumingSampler):
         return
     if storage.ndim != 1:
-        raise ValueError(
-            f"ConsumingSampler tracks the items of a 1-D storage, and the storage has ndim={storage.ndim}. Use a "
-            f"storage with ndim=1, or another sampler."
-        )
+        raise torchrl_error("consuming_ndim", cls=type(sampler).__name__, ndim=storage.ndim)
     if prefetch:
-        raise ValueError(
-            f"A buffer with ConsumingSampler cannot prefetch (`prefetch`={prefetch}): a batch sampled ahead "
-            f"consumes its items before anyone receives it, and they are lost with the queue (rb.empty(), a "
-            f"checkpoint, the end of the program). Pass prefetch=None."
-        )
+        raise torchrl_error("consuming_prefetch", prefetch=prefetch)
+    if not callable(getattr(writer, "write_at", None)) and not isinstance(writer, ImmutableDatasetWriter):
+        raise torchrl_error("consuming_writer", cls=type(sampler).__name__, writer=type(writer).__name__)
     if not writer.fills_free_slots and not isinstance(writer, ImmutableDatasetWriter):
         raise ValueError(
             f"ConsumingSampler needs a writer that fills consumed slots first (RoundRobinWriter, "

@@ -13,12 +13,13 @@ The queue as state: as in TorchRL, the batches a prefetching buffer has sampled 
 part of its state, so a restored buffer returns the same next batches as the original one. The state is
 ``{"version": 1, "capacity": prefetch, "queue": ((data, info), ...), "ran_out": [...]}``, taken after the tasks
 in flight have finished (their draws moved the sampler and the generator, whose state is taken after them),
-each batch cloned (detached). It is restored as completed futures; a DataLoader worker's copy drops it
+each batch cloned (detached; a tensor that required grad comes back a leaf that still requires it). It is restored as completed futures; a DataLoader worker's copy drops it
 (``prepare_worker_copy``). In a checkpoint (``dumps``) it is tensors plus a JSON description, no pickle.
 """
 
 from __future__ import annotations
 
+import copyreg
 import threading
 from concurrent.futures import Future
 
@@ -26,7 +27,7 @@ import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDict, TensorDictBase
 
-from torchrl.data.replay_buffers.errors import CheckpointError
+from torchrl.data.replay_buffers.errors import TORCHRL_PHRASES, CheckpointError, torchrl_error
 
 
 # -- the order of the draws (NOTE [prefetch epochs]) --------------------------------------------------------
@@ -88,10 +89,21 @@ class _Drawn:
         self.ran_out = ran_out
 
 
+def _clone_tensor(x: torch.Tensor) -> torch.Tensor:
+    out = x.detach().clone()
+    return out.requires_grad_() if x.requires_grad else out  # a leaf that still requires grad
+
+
 def _clone(value):
+    """A copy of a queued batch, detached from its graph; tensors that required grad are leaves that still do."""
     if isinstance(value, TensorDictBase):
-        return value.detach().clone()
-    return pytree.tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, value)
+        out = value.detach().clone()
+        for key in value.keys(include_nested=True, leaves_only=True):
+            leaf = value.get(key)
+            if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+                out.set(key, out.get(key).requires_grad_())
+        return out
+    return pytree.tree_map(lambda x: _clone_tensor(x) if isinstance(x, torch.Tensor) else x, value)
 
 
 def capture(queue, capacity: int) -> dict | None:
@@ -113,7 +125,9 @@ def capture(queue, capacity: int) -> dict | None:
 
 
 def restore(state, capacity: int) -> list:
-    """Completed futures for the batches of ``state``; ``ValueError`` if it does not fit this buffer."""
+    """Completed futures for the batches of ``state``; ``ValueError`` if it is malformed, and TorchRL's
+    ``RuntimeError`` (:data:`~torchrl.data.replay_buffers.errors.TORCHRL_PHRASES` ``"prefetch_capacity"``) if it
+    was saved by a buffer of another prefetch capacity."""
     if state is None:
         return []
     if not isinstance(state, dict) or state.get("version") != PREFETCH_STATE_VERSION:
@@ -123,10 +137,7 @@ def restore(state, capacity: int) -> list:
         )
     queue = state.get("queue", ())
     if queue and state.get("capacity") != capacity:
-        raise ValueError(
-            f"The state holds {len(queue)} prefetched batches of a buffer built with prefetch="
-            f"{state.get('capacity')}; this buffer has prefetch={capacity}. Build it with the same `prefetch`."
-        )
+        raise torchrl_error("prefetch_capacity", saved=state.get("capacity"), ours=capacity)
     ran_out = state.get("ran_out") or [None] * len(queue)
     futures = []
     for (data, info), ended in zip(queue, ran_out):
@@ -135,6 +146,49 @@ def restore(state, capacity: int) -> list:
         future.draw_turn = _Drawn(ended)
         futures.append(future)
     return futures
+
+
+# -- pickling without the queue (datasets sent to workers) ----------------------------------------------------
+def leaving_queue_out() -> bool:
+    """Whether a buffer pickled in this thread now leaves its prefetched batches out (see :class:`WithoutQueue`)."""
+    return getattr(_local, "leave_queue_out", False)
+
+
+class WithoutQueue:
+    """Pickles as ``buffer`` without its prefetched batches, and unpickles as that buffer (not as a wrapper).
+
+    A :class:`~torchrl.data.ReplayBufferDataset` pickles its buffer through it: the copy a DataLoader worker
+    gets never uses the batches its parent sampled ahead (``prepare_worker_copy`` turns prefetching off), so
+    they are not sent. The buffer pickled on its own keeps them (TorchRL's behaviour).
+    """
+
+    __slots__ = ("buffer",)
+
+    def __init__(self, buffer):
+        self.buffer = buffer
+
+    def __reduce_ex__(self, protocol):
+        previous = leaving_queue_out()
+        _local.leave_queue_out = True
+        try:  # object.__reduce_ex__ takes the buffer's state (__getstate__) now, in this thread
+            reduced = self.buffer.__reduce_ex__(protocol)
+        finally:
+            _local.leave_queue_out = previous
+        if not isinstance(reduced, tuple):  # pickled by name (a global): as itself
+            return (_same, (self.buffer,))
+        if reduced and reduced[0] is copyreg.__newobj__:
+            # pickle refuses __newobj__ for an object of another class (this wrapper): same call, another name
+            return (_new_object, *reduced[1:])
+        return reduced
+
+
+def _same(obj):
+    return obj
+
+
+def _new_object(cls, *args):
+    """``cls.__new__(cls, *args)``: what ``copyreg.__newobj__`` does, for :class:`WithoutQueue`."""
+    return cls.__new__(cls, *args)
 
 
 # -- the checkpoint part (dumps/loads): tensors plus a JSON description, no pickle --------------------------------
@@ -147,17 +201,19 @@ def _flatten(value, prefix: str, tensors: dict, ctx) -> dict:
         names = []
         for i, key in enumerate(keys):
             name = ctx.name(f"{prefix}/{i}")
-            tensors[name] = value.get(key).contiguous()
+            tensors[name] = value.get(key).detach().contiguous()
             names.append(name)
         paths = [[key] if isinstance(key, str) else list(key) for key in keys]
-        return {"kind": "tensordict", "batch_size": list(value.batch_size), "keys": paths, "tensors": names}
+        grad = [name for name, key in zip(names, keys) if value.get(key).requires_grad]
+        return {"kind": "tensordict", "batch_size": list(value.batch_size), "keys": paths, "tensors": names,
+                "requires_grad": grad}
     leaves, spec = pytree.tree_flatten(value)
     out = []
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor):
             name = ctx.name(f"{prefix}/{i}")
-            tensors[name] = leaf.contiguous()
-            out.append({"tensor": name})
+            tensors[name] = leaf.detach().contiguous()
+            out.append({"tensor": name, "requires_grad": True} if leaf.requires_grad else {"tensor": name})
         elif isinstance(leaf, _JSON_SCALARS):
             out.append({"value": leaf})
         else:
@@ -165,14 +221,21 @@ def _flatten(value, prefix: str, tensors: dict, ctx) -> dict:
     return {"kind": "pytree", "spec": pytree.treespec_dumps(spec), "leaves": out}
 
 
+def _loaded(tensor: torch.Tensor, requires_grad) -> torch.Tensor:
+    out = tensor.clone()
+    return out.requires_grad_() if requires_grad is True else out
+
+
 def _unflatten(desc: dict, tensors):
     if desc["kind"] == "tensordict":
         td = TensorDict(batch_size=desc["batch_size"])
+        grad = set(desc.get("requires_grad", ()))
         for path, name in zip(desc["keys"], desc["tensors"]):
-            td.set(tuple(path), tensors[name].clone())
+            td.set(tuple(path), _loaded(tensors[name], name in grad))
         return td
     leaves = [
-        tensors[leaf["tensor"]].clone() if "tensor" in leaf else leaf["value"] for leaf in desc["leaves"]
+        _loaded(tensors[leaf["tensor"]], leaf.get("requires_grad")) if "tensor" in leaf else leaf["value"]
+        for leaf in desc["leaves"]
     ]
     return pytree.tree_unflatten(leaves, pytree.treespec_loads(desc["spec"]))
 
@@ -225,5 +288,7 @@ def check_part(doc: dict | None, tensors, capacity: int, where: str) -> None:
     """``CheckpointError`` (nothing loaded) if the saved prefetched batches cannot be restored in this buffer."""
     try:
         restore(from_part(doc, tensors), capacity)
+    except TORCHRL_PHRASES["prefetch_capacity"].type:
+        raise  # TorchRL's RuntimeError: the checkpoint is sound, the buffer's capacity differs
     except ValueError as err:
         raise CheckpointError(f"The checkpoint {where!r}: {err} Nothing was loaded.") from None

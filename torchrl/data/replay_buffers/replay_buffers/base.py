@@ -10,8 +10,8 @@ NOTE [prefetch epochs] in ``_prefetch.py``).
 State: ``state_dict()``, the checkpoint part (``dumps``/``loads``) and pickling are the buffer's own fields
 plus its children's (storage, sampler, writer, transforms). Pickling (``pickle``, ``torch.save``, DataLoader
 workers) drops the locks and the thread pool and rebuilds them; the batches already prefetched travel with the
-buffer, as in TorchRL (``_prefetch.py``), and a DataLoader worker's copy drops them; the generator state
-travels as ``bytes``.
+buffer, as in TorchRL (``_prefetch.py``), but never with a dataset built over the buffer (``rb.as_dataset()``,
+whose workers do not prefetch); the generator state travels as ``bytes``.
 
 Other concepts live in their packages, and the methods here delegate to them: the Hugging Face exchange
 (:mod:`~torchrl.data.replay_buffers.hf`), the DataLoader adapter
@@ -27,7 +27,6 @@ import contextlib
 import copy
 import numbers
 import threading
-import warnings
 import weakref
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +38,7 @@ from tensordict import TensorDictBase, is_tensorclass
 import torchrl.data.replay_buffers.hf.export as _hf_export
 import torchrl.data.replay_buffers.hf.importer as _hf_import
 import torchrl.data.replay_buffers.replay_buffers._prefetch as _prefetch
-from torchrl._validation import check_int, check_positive_int
+from torchrl._validation import check_int
 from torchrl.data.replay_buffers._checkpoint.generator_state import generator_from_state, generator_to_state
 from torchrl.data.replay_buffers._checkpoint.parts import (
     PartContext,
@@ -52,19 +51,27 @@ from torchrl.data.replay_buffers._checkpoint.parts import (
 from torchrl.data.replay_buffers._checkpoint.validate import check_int_field
 from torchrl.data.replay_buffers._shared.counters import is_spawning
 from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
-from torchrl.data.replay_buffers.errors import CheckpointError
+from torchrl.data.replay_buffers.errors import CheckpointError, torchrl_error, torchrl_warning
 from torchrl.data.replay_buffers.loading.collate import stack_samples
 from torchrl.data.replay_buffers.replay_buffers._checks import (
+    built,
     check_compat_keywords,
     check_component,
     check_consuming_buffer,
     check_drop_last,
+    check_sample_batch_size,
     check_sampler_fits_storage,
+    component_or_factory,
     consuming_sampler_for,
     default_writer_for,
+    share_transform_write_state,
 )
+from torchrl.data.replay_buffers.replay_buffers._save_hooks import check_save_hook, dump_with_save_hooks
 from torchrl.data.replay_buffers.replay_buffers._service_backend import ServiceBackendMeta
-from torchrl.data.replay_buffers.replay_buffers.conditional_update import ConditionalUpdateResult
+from torchrl.data.replay_buffers.replay_buffers.conditional_update import (
+    ConditionalUpdateResult,
+    conditional_update,
+)
 from torchrl.data.replay_buffers.replay_buffers.dataset import (
     ReplayBufferDataset,
     unshared_stateful_component,
@@ -93,6 +100,8 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         storage (Storage, optional): where the data lives. Defaults to ``ListStorage(1000)``.
         sampler (Sampler, optional): how batches are drawn. Defaults to :class:`RandomSampler`.
         writer (Writer, optional): where new data goes. Defaults to :class:`RoundRobinWriter`.
+            ``storage``, ``sampler`` and ``writer`` may also be zero-argument callables returning one (e.g.
+            ``functools.partial(LazyTensorStorage, 100)``), called when the buffer is built.
         collate_fn (callable, optional): turns what ``storage.get`` returns into a batch. Defaults to the
             identity for tensor storages and :func:`~torchrl.data.tensordict_collate` (stacking) for others.
         pin_memory (bool): pin sampled batches (only when CUDA is available). Defaults to ``False``.
@@ -100,7 +109,8 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             Prefetched batches are drawn in order, so iterating the buffer still yields exactly one epoch of
             a without-replacement sampler (batches drawn past its end open the next epoch). As in TorchRL, the
             batches sampled ahead are part of ``state_dict()``, ``dumps()`` and pickling, so a restored buffer
-            returns the same next batches (a DataLoader worker's copy drops them). Defaults to ``None``.
+            returns the same next batches (a pickled ``rb.as_dataset()``, what DataLoader workers get, leaves
+            them out). Defaults to ``None``.
         transform (Transform or callable, optional): applied to each sampled batch (``forward``) and, inverted,
             to written data (``inv``). Defaults to an empty :class:`~torchrl.envs.transforms.Compose`.
         batch_size (int, optional): the default batch size of :meth:`sample`. A sampler built with
@@ -117,14 +127,16 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             :class:`~torchrl.data.Sequence` windows (see :mod:`~torchrl.data.replay_buffers.sample_units`).
             Defaults to ``None`` (one item per position, like :class:`~torchrl.data.Transition`).
         transform_factory (callable, optional): a zero-argument callable returning the transform; exclusive
-            with ``transform`` (TypeError). Defaults to ``None``.
+            with ``transform`` (TypeError). With it, the buffer is built at its first write unless
+            ``delayed_init=False``. Defaults to ``None``.
         consume_after_n_samples (int, optional): draw each item at most this many times until it is
             overwritten: the default sampler becomes ``ConsumingSampler(consume_after_n_samples)`` (see
             :class:`~torchrl.data.ConsumingSampler`; another sampler raises a ``ValueError``). Defaults to ``None``.
         compilable (bool, optional): accepted for TorchRL compatibility and passed to the default storage
             and writer; no effect here (see :class:`~torchrl.data.Storage`). Defaults to ``None``.
-        delayed_init (bool, optional): accepted for TorchRL compatibility; the buffer is always built at once
-            (:attr:`initialized` is ``True``). Defaults to ``None``.
+        delayed_init (bool, optional): build the components at the first write rather than at construction
+            (TorchRL's delayed init; see :attr:`initialized`). Defaults to ``None``: delayed when
+            ``transform_factory`` is given, else built at once.
         checkpointer (StorageCheckpointerBase, optional): the storage's checkpointer, i.e. the layout that
             :meth:`dumps` writes for the storage (e.g. :class:`~torchrl.data.FlatStorageCheckpointer`); set as
             ``storage.checkpointer``. Defaults to ``None`` (the storage's own).
@@ -152,6 +164,8 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
     # class defaults of fields added with TorchRL's keywords: a buffer pickled before they existed still unpickles
     _sample_unit = None
     _compilable = False
+    _shut_down = False  # set by shutdown(): is_alive is then False
+    _initialized = True  # False until a buffer built with delayed init is built (_ready)
 
     def __init__(
         self,
@@ -174,19 +188,48 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         delayed_init: bool | None = None,
         checkpointer=None,
     ) -> None:
-        transform, self._compilable, self._sample_unit = check_compat_keywords(
+        transform, self._compilable, self._sample_unit, delay = check_compat_keywords(
             transform=transform, transform_factory=transform_factory, consume_after_n_samples=consume_after_n_samples,
             compilable=compilable, delayed_init=delayed_init, sample_unit=sample_unit,
         )  # fmt: skip
-        self._batch_size = check_positive_int("batch_size", batch_size, allow_none=True, type_error=False)
+        self._batch_size = None if batch_size is None else check_sample_batch_size(batch_size)
         check_int("prefetch", prefetch, minimum=0, allow_none=True, type_error=False)
-        if prefetch and self._batch_size is None:
-            raise ValueError("`prefetch` samples ahead with the buffer's `batch_size`: pass batch_size too.")
         if prefetch and shared:
-            raise ValueError("A shared buffer cannot prefetch: pass prefetch=None or shared=False.")
+            raise torchrl_error("prefetch_shared", prefetch=prefetch)
+        consuming = consume_after_n_samples is not None or getattr(sampler, "consumes_items", False)
+        if prefetch and self._batch_size is None and not consuming:  # consuming: refused below, as in TorchRL
+            raise ValueError("`prefetch` samples ahead with the buffer's `batch_size`: pass batch_size too.")
         check_int("dim_extend", dim_extend, minimum=0, allow_none=True, type_error=False)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"`generator` must be a torch.Generator or None, got {type(generator).__name__}.")
+        storage = component_or_factory("storage", storage, Storage)
+        sampler = component_or_factory("sampler", sampler, Sampler)
+        writer = component_or_factory("writer", writer, Writer)
+        self._prefetch = int(prefetch or 0)
+        args = dict(
+            collate_fn=collate_fn, pin_memory=pin_memory, dim_extend=dim_extend, generator=generator, shared=shared,
+            consume_after_n_samples=consume_after_n_samples, checkpointer=checkpointer,
+        )  # fmt: skip
+        if delay:  # TorchRL's delayed init: the components are built by the first write (see _ready)
+            if isinstance(sampler, Sampler):
+                check_drop_last(sampler, self._batch_size)
+            self._initialized = False
+            self._init_storage, self._init_sampler, self._init_writer = storage, sampler, writer
+            self._init_transform, self._init_args = transform, args
+            self._init_transform_factory = transform_factory
+            self._rng = None
+            self._make_runtime_state()
+            return
+        self._initialized = True
+        self._build(built("storage", storage, Storage), built("sampler", sampler, Sampler),
+                    built("writer", writer, Writer), transform, **args)  # fmt: skip
+
+    def _build(
+        self, storage, sampler, writer, transform, *, collate_fn, pin_memory, dim_extend, generator, shared,
+        consume_after_n_samples, checkpointer,
+    ) -> None:  # fmt: skip
+        """Builds and wires the components (at construction, or at the first write of a delayed buffer)."""
+        prefetch = self._prefetch
         storage = ListStorage(1000, compilable=self._compilable) if storage is None else storage
         writer = default_writer_for(storage, self._default_writer, self._compilable) if writer is None else writer
         self._storage = check_component("storage", storage, Storage)
@@ -203,16 +246,40 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         self._collate_fn = collate_fn if collate_fn is not None else self._default_collate()
         self._transform = self._as_compose(transform)
         self._pin_memory = bool(pin_memory)
-        self._prefetch = int(prefetch or 0)
         self._dim_extend = self._storage.ndim - 1 if dim_extend is None else dim_extend
         self._shared = bool(shared)
         self._rng: torch.Generator | None = None
-        self._make_runtime_state()
+        if not hasattr(self, "_replay_lock"):
+            self._make_runtime_state()
         if shared:
             self.share(True)
         self.set_rng(generator)
         if len(self._storage):  # items already stored: the sampler learns of them (e.g. default priorities)
             self._sampler.mark_update(torch.arange(len(self._storage)), storage=self._storage)
+
+    def _ready(self) -> None:
+        """Builds the components of a buffer built with delayed init (TorchRL's ``delayed_init``/
+        ``transform_factory``), once: called by the methods that use them, the first write in particular."""
+        if self._initialized:
+            return
+        with self._futures_lock:
+            if self._initialized:
+                return
+            storage = built("storage", self._init_storage, Storage)
+            sampler = built("sampler", self._init_sampler, Sampler)
+            writer = built("writer", self._init_writer, Writer)
+            transform = self._init_transform
+            if self._init_transform_factory is not None:
+                transform = self._init_transform_factory()
+            self._initialized = True  # the methods _build calls (share, set_rng) must not build again
+            try:
+                self._build(storage, sampler, writer, transform, **self._init_args)
+            except BaseException:
+                self._initialized = False
+                raise
+            for name in ("_init_storage", "_init_sampler", "_init_writer", "_init_transform", "_init_args",
+                         "_init_transform_factory"):
+                delattr(self, name)
 
     # -- construction helpers -----------------------------------------------------------------------------------
     @staticmethod
@@ -245,7 +312,13 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         ``can_share_state`` on :class:`~torchrl.data.replay_buffers.Sampler`), so that a priority set or an
         item written in one process is seen by the others. Call it (or build the buffer with ``shared=True``)
         before starting the other processes, after a first write when the storage is lazy.
+
+        Transforms that declare ``requires_shared_write_state = True`` get their ``share_memory_()`` called; one
+        without that method raises a ``RuntimeError`` (as in TorchRL), before anything is shared.
         """
+        self._ready()
+        if shared:
+            share_transform_write_state(self._transform)
         self._shared = bool(shared)
         if shared and hasattr(self._storage, "share_memory_"):
             self._storage.share_memory_()
@@ -257,34 +330,41 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
 
     def share_memory_(self) -> ReplayBuffer:
         """Moves the writer's cursor to shared memory; the storage calls it when it is shared itself."""
+        self._ready()
         self._writer.share_memory_()
         return self
 
     @property
     def write_lock(self):
         """The storage's write lock (cross-process once the storage is shared), held around every write."""
+        self._ready()
         return self._storage.write_lock
 
     # -- properties ---------------------------------------------------------------------------------------------
     @property
     def storage(self) -> Storage:
+        self._ready()
         return self._storage
 
     @property
     def sampler(self) -> Sampler:
+        self._ready()
         return self._sampler
 
     @property
     def writer(self) -> Writer:
+        self._ready()
         return self._writer
 
     @property
     def collate_fn(self):
         """The function that turns what ``storage.get`` returns into a batch."""
+        self._ready()
         return self._collate_fn
 
     @property
     def transform(self) -> Compose:
+        self._ready()
         return self._transform
 
     @property
@@ -293,11 +373,12 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
 
     @property
     def dim_extend(self) -> int:
+        self._ready()
         return self._dim_extend
 
     @property
     def write_count(self) -> int:
-        return getattr(self._writer, "write_count", 0)
+        return getattr(self._writer, "write_count", 0) if self._initialized else 0
 
     @property
     def sample_unit(self):
@@ -307,11 +388,32 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
 
     @property
     def initialized(self) -> bool:
-        """Always ``True``: a buffer is built at once (``delayed_init`` is accepted without effect)."""
-        return True
+        """Whether the components (storage, sampler, writer, transforms) are built.
+
+        ``True`` from construction, except for a buffer built with ``delayed_init=True``, or with a
+        ``transform_factory`` and ``delayed_init`` left to ``None`` (TorchRL's delayed init): its components
+        are built by the first write (or any other use of them), from the instances or zero-argument
+        callables it was given; until then ``_init_storage``, ``_init_sampler`` and ``_init_writer`` hold
+        them, and :meth:`stats` reports ``initialized: False`` without building anything.
+
+        Examples:
+            >>> import torch
+            >>> from functools import partial
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=partial(LazyTensorStorage, 10), transform_factory=lambda: (lambda x: x))
+            >>> rb.initialized
+            False
+            >>> _ = rb.extend(torch.arange(3))
+            >>> rb.initialized, type(rb.storage).__name__
+            (True, 'LazyTensorStorage')
+        """
+        return self._initialized
 
     def set_rng(self, generator: torch.Generator | None) -> None:
         """Routes every random draw (sampler, storage, writer) through ``generator``."""
+        if not self._initialized:  # delayed init: given to the components when they are built
+            self._init_args["generator"] = generator
+            return
         self._rng = generator
         for component in (self._storage, self._sampler, self._writer):
             component._rng = generator
@@ -319,11 +421,15 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
     def __len__(self) -> int:
         """The number of stored items (cells for ``ndim > 1``); with a sampler that consumes items
         (:class:`~torchrl.data.ConsumingSampler`), the number of items that can still be drawn."""
+        if not self._initialized:
+            return 0
         if self._sampler.consumes_items:
             return self._sampler.num_sampleable(self._storage)
         return len(self._storage)
 
     def __repr__(self) -> str:
+        if not self._initialized:
+            return f"{type(self).__name__}(initialized=False, storage={self._init_storage!r}, batch_size={self._batch_size})"
         return (
             f"{type(self).__name__}(storage={self._storage!r}, sampler={self._sampler!r}, "
             f"writer={self._writer!r}, batch_size={self._batch_size}, transform={self._transform!r})"
@@ -336,13 +442,9 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         A TensorDict with a batch dimension is written as one item (TorchRL warns about it, and so do we, with
         a UserWarning): use :meth:`extend` to write a batch of items.
         """
+        self._ready()
         if isinstance(data, TensorDictBase) and data.batch_dims >= self._storage.ndim:  # a row of ndim=2: fine
-            warnings.warn(
-                f"add() writes one item, and got a TensorDict with batch_size={list(data.batch_size)}: it is "
-                f"stored as a single item. Use extend() to write each element of the batch as an item.",
-                UserWarning,
-                stacklevel=2,
-            )
+            torchrl_warning("add_batched", batch_size=list(data.batch_size), n=data.batch_size[0])
         if len(self._transform):
             data = self._inv_transform_item(data)
             if data is None:
@@ -370,6 +472,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         dtypes can hold): a bad batch raises and leaves the buffer unchanged. On a shared buffer the write holds
         the storage's :attr:`write_lock` (see :ref:`shared-writes`).
         """
+        self._ready()
         data = self._as_stored_batch(data)
         if data is None:
             return torch.zeros((0,), dtype=torch.long)
@@ -377,6 +480,8 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
 
     def _as_stored_batch(self, data):
         """``data`` through the inverse transforms, items first; ``None`` when the transforms dropped it."""
+        if isinstance(self._storage, ListStorage) and isinstance(data, (range, tuple, set, collections.abc.Iterator)):
+            data = list(data)  # a list storage takes any iterable of items, e.g. rb.extend(range(2000))
         if len(self._transform):
             if isinstance(data, TensorDictBase):
                 data = data.clone(False)  # transforms edit the structure in place, not the caller's TensorDict
@@ -410,6 +515,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
 
     def mark_update(self, index) -> None:
         """Called by the writer after a write; forwards ``index`` to the sampler."""
+        self._ready()
         self._sampler.mark_update(index, storage=self._storage)
 
     def update_priority(self, index, priority) -> None:
@@ -418,6 +524,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         Positions not written yet (``>= len(rb)``) raise an ``IndexError`` and NaN, infinite or negative
         priorities a ``ValueError``; a refused call changes no priority.
         """
+        self._ready()
         if isinstance(index, tuple):
             index = torch.stack([torch.as_tensor(i) for i in index], -1)
         with self._replay_lock, self._storage.write_lock:
@@ -425,6 +532,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
 
     def empty(self, empty_write_count: bool = True) -> None:
         """Removes every item; the sampler and writer start over."""
+        self._ready()
         with self._futures_lock:
             self._prefetch_queue.clear()
         with self._replay_lock, self._storage.write_lock:
@@ -436,16 +544,14 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
     def _resolve_batch_size(self, batch_size) -> int:
         if batch_size is None:
             if self._batch_size is None:
-                raise RuntimeError(
-                    "No batch size: pass `batch_size` to sample() or to the buffer's constructor "
-                    "(ReplayBuffer(..., batch_size=N))."
-                )
+                raise torchrl_error("sample_without_batch_size")
             return self._batch_size
-        return check_positive_int("batch_size", batch_size, type_error=False)
+        return check_sample_batch_size(batch_size)
 
     def sample(self, batch_size: int | None = None, return_info: bool = False):
         """Draws a batch; with ``return_info=True`` returns ``(batch, info)`` where ``info["index"]`` holds
         the sampled positions (and prioritized/slice samplers add their entries)."""
+        self._ready()
         bs = self._resolve_batch_size(batch_size)
         if self._prefetch and bs == self._batch_size:
             data, info = self._sample_prefetched(bs)
@@ -467,6 +573,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             >>> bool((rb.sample_raw() < 10).all()), bool((rb.sample() % 10 == 0).all())
             (True, True)
         """
+        self._ready()
         data, info = self._sample(self._resolve_batch_size(batch_size), transform=False)
         return (data, info) if return_info else data
 
@@ -518,10 +625,9 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
 
     def __iter__(self):
         """Yields batches of ``batch_size`` until the sampler runs out (endless for samplers that never do)."""
+        self._ready()
         if self._batch_size is None:
-            raise RuntimeError(
-                "Iterating a buffer needs its batch size: build it with ReplayBuffer(..., batch_size=N)."
-            )
+            raise torchrl_error("iterate_without_batch_size")
         self._sampler.ran_out = False
         if self._sampler.consumes_items and not len(self):  # everything consumed: no batch
             return
@@ -533,10 +639,11 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
                 return
 
     def __getitem__(self, index):
+        self._ready()
         if isinstance(index, str) or (isinstance(index, tuple) and index and isinstance(index[0], str)):
             return self[:][index]
         with self._replay_lock:
-            data = self._storage[index]
+            data = self._storage.get_in_layout(index, self._dim_extend)  # [envs, time] for ndim=2
         if not isinstance(index, int):
             data = self._collate_fn(data)
         if len(self._transform):
@@ -544,12 +651,22 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         return data
 
     def __setitem__(self, index, value) -> None:
+        """Writes ``value`` at ``index`` of the storage (through the inverse transforms).
+
+        ``value`` may be a view of the stored data (e.g. what :meth:`read_all_in_order` returned, plus a new
+        entry, which becomes a stored entry): it is cloned first when its memory overlaps the storage's.
+        """
+        self._ready()
         if len(self._transform):
             if isinstance(value, TensorDictBase):
                 value = value.clone(False)
             value = self._transform.inv(value)
         with self._replay_lock, self._storage.write_lock:
-            self._storage[index] = value
+            if isinstance(self._storage, TensorStorage) and len(self._storage) and _shares_memory(
+                value, self._storage[:]
+            ):
+                value = value.clone()  # a read of the storage written back: source and destination overlap
+            self._storage.set_in_layout(index, value, self._dim_extend)
             if isinstance(index, slice):
                 index = torch.arange(*index.indices(self._storage.rows_written()))
             if not isinstance(index, tuple):  # overwritten items are new items for the sampler
@@ -557,28 +674,50 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
 
     # -- transforms ---------------------------------------------------------------------------------------------
     def append_transform(self, transform, *, invert: bool = False) -> ReplayBuffer:
-        """Adds a transform at the end of the sample path (``invert=True``: run ``inv`` on samples)."""
+        """Adds a transform at the end of the sample path (``invert=True``: run ``inv`` on samples).
+
+        On a shared buffer, a transform with ``requires_shared_write_state = True`` gets its ``share_memory_()``
+        called; one without that method raises a ``RuntimeError`` (as in TorchRL) and is not added.
+        """
+        self._ready()
         transform = as_transform(transform)
+        if self._shared:
+            share_transform_write_state(transform)
         self._transform.append(_InvertTransform(transform) if invert else transform)
         return self
 
     def insert_transform(self, index: int, transform, *, invert: bool = False) -> ReplayBuffer:
-        """Inserts a transform at position ``index`` of the sample path."""
+        """Inserts a transform at position ``index`` of the sample path (a shared buffer checks and shares its
+        write state as :meth:`append_transform` does)."""
+        self._ready()
         transform = as_transform(transform)
+        if self._shared:
+            share_transform_write_state(transform)
         self._transform.insert(index, _InvertTransform(transform) if invert else transform)
         return self
 
     # -- statistics ---------------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """``{"size", "write_count", "prefetch_queue_size", "initialized"}``, plus ``"capacity"`` and
-        ``"utilization"`` (size / capacity) for a storage of finite capacity."""
+        ``"utilization"`` (size / capacity) for a storage of finite capacity. A buffer built with delayed init
+        (see :attr:`initialized`) is not built by this call: it reports ``initialized: False``, size 0, and the
+        capacity of the storage it was given (when it was given an instance).
+
+        Examples:
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), delayed_init=True)
+            >>> stats = rb.stats()
+            >>> stats["initialized"], stats["size"], stats["capacity"], rb.initialized
+            (False, 0, 10, False)
+        """
+        storage = self._storage if self._initialized else self._init_storage
         out = {
             "size": len(self),
             "write_count": self.write_count,
             "prefetch_queue_size": len(self._prefetch_queue),
-            "initialized": True,
+            "initialized": self._initialized,
         }
-        capacity = getattr(self._storage, "max_size", None)
+        capacity = getattr(storage, "max_size", None) if isinstance(storage, Storage) else None
         if capacity is not None and capacity < torch.iinfo(torch.int64).max:
             out["capacity"] = int(capacity)
             out["utilization"] = len(self) / capacity if capacity else 0.0
@@ -586,6 +725,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
 
     # -- in-place edits of the stored data (TorchRL's set_, set_at_, update_, update_if_present) ----------------
     def _edit_rows(self, index, edit) -> None:
+        self._ready()
         with self._replay_lock, self._storage.write_lock:
             if index is None:
                 index = torch.arange(self._storage.rows_written())
@@ -620,51 +760,46 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         self[:end] = data
 
     def update_if_present(
-        self, *, index, generation, patch: TensorDictBase, version_key=None, version=None, require_newer=False
+        self, *, index, generation, patch, version_key=None, version=None, require_newer=False
     ) -> ConditionalUpdateResult:
-        """Writes ``patch`` into the rows at ``index`` that were not overwritten since they were read.
+        """Writes ``patch`` into the records at ``index`` that were not overwritten since they were read.
 
-        ``generation`` is what ``info["index_generation"]`` held when the rows were sampled; a row whose
-        generation changed since (overwritten or emptied) is left alone. With ``version_key``, a row is also
-        left alone when its stored version is newer than ``version`` (or not older, with
-        ``require_newer=True``); written rows get ``version`` in that entry. Needs a writer built with
-        ``track_generations=True``.
+        ``generation`` is what ``info["index_generation"]`` held when the records were sampled (or
+        ``writer.generations_of(index)`` after ``extend``); a record whose generation changed since
+        (overwritten or emptied) is left alone. ``patch`` is a dict ``{str or tuple key: tensor}`` or a
+        TensorDict; each value is reshaped to ``(n_records, *stored feature shape)``. With ``version_key``, a
+        record is also left alone when its stored version is newer than ``version`` (or not older, with
+        ``require_newer=True``); written records get ``version`` in that entry. Everything is checked before
+        anything is written. Needs a tensor storage and a writer built with ``track_generations=True``. See
+        :func:`~torchrl.data.replay_buffers.replay_buffers.conditional_update.conditional_update`.
 
         Returns:
-            ConditionalUpdateResult: the ``updated`` and ``version_rejected`` masks over ``index``.
+            ConditionalUpdateResult: the ``updated`` and ``version_rejected`` masks over ``index``, and counts.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer, TensorDictRoundRobinWriter
+            >>> rb = TensorDictReplayBuffer(storage=LazyTensorStorage(4),
+            ...                             writer=TensorDictRoundRobinWriter(track_generations=True))
+            >>> index = rb.extend(TensorDict(obs=torch.zeros(3), v=torch.zeros(3), batch_size=[3]))
+            >>> result = rb.update_if_present(index=index, generation=rb.writer.generations_of(index),
+            ...                               patch={"obs": torch.ones(3)}, version_key="v",
+            ...                               version=torch.tensor([1.0, 1.0, -1.0]))
+            >>> result.updated.tolist(), result.version_rejected_count, rb[:3]["obs"].tolist()
+            ([True, True, False], 1, [1.0, 1.0, 0.0])
         """
-        if not self._writer.tracks_generations:
-            raise RuntimeError(
-                "update_if_present() compares slot generations: build the writer with "
-                "RoundRobinWriter(track_generations=True) (or TensorDictRoundRobinWriter(track_generations=True))."
-            )
-        index = torch.as_tensor(index, dtype=torch.long).reshape(-1)
-        generation = torch.as_tensor(generation, dtype=torch.long).reshape(-1).expand_as(index)
-        with self._replay_lock, self._storage.write_lock:
-            fresh = self._writer.generations_of(index) == generation
-            rejected = torch.zeros_like(fresh)
-            if version_key is not None:
-                if version is None:
-                    raise ValueError("`version_key` needs `version`, the version of the patch.")
-                version = torch.as_tensor(version).reshape(-1).expand(index.shape)
-                stored = self._storage.get(index).get(version_key).reshape(index.shape[0], -1)[:, 0]
-                ok = version > stored if require_newer else version >= stored
-                rejected = fresh & ~ok
-                fresh = fresh & ok
-            if bool(fresh.any()):
-                rows = index[fresh]
-                part = patch[fresh] if patch.batch_dims else patch.expand(rows.shape[0])
-                current = self._storage.get(rows)
-                current.update(part)
-                if version_key is not None:
-                    current.set(version_key, version[fresh].to(current.get(version_key).dtype))
-                self._storage.set(rows, current, set_cursor=False)
-        return ConditionalUpdateResult(updated=fresh, version_rejected=rejected)
+        self._ready()
+        return conditional_update(
+            self._storage, self._writer, self._replay_lock, index=index, generation=generation, patch=patch,
+            version_key=version_key, version=version, require_newer=require_newer,
+        )  # fmt: skip
 
     # -- persistent iteration (next) and TorchRL's checkpoint hooks ---------------------------------------------
     def next(self):
         """One batch of a persistent iteration over the buffer (see ``__iter__``); ``None`` once the sampler
         ran out, after which the next call starts a new pass."""
+        self._ready()
         iterator = _NEXT_ITERATORS.get(self)
         if iterator is None:
             iterator = _NEXT_ITERATORS[self] = iter(self)
@@ -675,17 +810,45 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             return None
 
     def register_save_hook(self, hook) -> None:
-        """Forwarded to the storage's checkpointer, which refuses hooks (they would run arbitrary code on the
-        saved data: this checkpoint format runs none)."""
-        self._storage.checkpointer.register_save_hook(hook)
+        """Registers ``hook(data, path=path)``, run by :meth:`dumps` on the stored items: its return value is
+        what is saved (TorchRL's save hooks; the buffer itself is unchanged).
+
+        Before the call, a hook that has the attributes ``shift`` and ``is_full`` gets ``shift`` set to the row
+        after the last one written and ``is_full`` to whether the storage is full. The hook must return the
+        items with their stored layout (the checkpoint format stays tensor files plus JSON). Needs a tensor
+        storage (``TypeError`` otherwise).
+
+        Examples:
+            >>> import tempfile, torch
+            >>> from torchrl.data import LazyMemmapStorage, ReplayBuffer
+            >>> class Double:
+            ...     shift = is_full = None
+            ...     def __call__(self, data, path=None):
+            ...         return data * 2
+            >>> rb = ReplayBuffer(storage=LazyMemmapStorage(10))
+            >>> _ = rb.extend(torch.arange(5))
+            >>> hook = Double()
+            >>> rb.register_save_hook(hook)
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     rb.dumps(d + "/ckpt")
+            ...     fresh = ReplayBuffer(storage=LazyMemmapStorage(10))
+            ...     fresh.loads(d + "/ckpt")
+            >>> hook.shift, hook.is_full, fresh[:].tolist(), rb[:].tolist()
+            (5, False, [0, 2, 4, 6, 8], [0, 1, 2, 3, 4])
+        """
+        self._ready()
+        check_save_hook(hook, self._storage)
+        self.__dict__.setdefault("_save_hooks", []).append(hook)
 
     def register_load_hook(self, hook) -> None:
         """Forwarded to the storage's checkpointer, which refuses hooks (see :meth:`register_save_hook`)."""
+        self._ready()
         self._storage.checkpointer.register_load_hook(hook)
 
     # -- swapping components (set_storage, set_writer, set_sampler) and shutdown --------------------------------
     def _swap(self, attribute: str, component, wire) -> object:
         """Replaces ``self.<attribute>`` by ``component`` once no prefetch task runs, then calls ``wire()``."""
+        self._ready()
         with self._futures_lock:
             _prefetch.wait(self._prefetch_queue)  # before the replay lock, which prefetch tasks take
             self._prefetch_queue.clear()  # sampled from the component being replaced
@@ -805,7 +968,8 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
     def shutdown(self, timeout: float | None = None) -> None:
         """Stops the threads that sample ahead (``prefetch``): waits up to ``timeout`` seconds (``None``: as long
         as it takes) for the batches in flight, drops them, and samples without prefetching from then on. A
-        buffer without prefetching has nothing to stop. (TorchRL's service API: on a
+        buffer without prefetching has nothing to stop; :attr:`is_alive` is ``False`` from then on, and a second
+        call does nothing. (TorchRL's service API: on a
         :class:`~torchrl.data.RayReplayBuffer`, :meth:`~torchrl.data.RayReplayBuffer.close` ends the actor.)
 
         Examples:
@@ -826,6 +990,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             pending, executor = list(self._prefetch_queue), self._prefetch_executor
             self._prefetch_queue.clear()
             self._prefetch_executor, self._prefetch = None, 0
+            self._shut_down = True
         if pending:
             concurrent.futures.wait(pending, timeout=timeout)
         if executor is not None:
@@ -835,6 +1000,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
     def state_dict(self) -> dict[str, Any]:
         """The state of every component; as in TorchRL, ``"_prefetch_state"`` holds the batches sampled ahead
         (``prefetch``) and not returned yet, so that a restored buffer returns the same next batches."""
+        self._ready()
         with self._futures_lock:  # after the tasks in flight: their draws moved the sampler and the generator
             prefetched = _prefetch.capture(self._prefetch_queue, self._prefetch)
         rng = self._rng
@@ -849,24 +1015,37 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores a state of :meth:`state_dict`, prefetched batches included.
+
+        The saved prefetch queue is checked first: one saved by a buffer of another ``prefetch`` capacity raises
+        a ``RuntimeError`` (a ``ValueError`` too) and leaves this buffer, its queue included, unchanged. The
+        prefetch tasks in flight finish (holding the buffer's futures lock, so that no new one starts) before
+        the components are loaded: a draw made after the load would move the restored sampler and generator.
+        """
+        self._ready()
         prefetched = _prefetch.restore(state_dict.get("_prefetch_state"), self._prefetch)
+        validate = getattr(self._sampler, "validate_state_dict", None)  # a third-party sampler may lack it
+        if validate is not None:  # a crafted sampler state is refused before the storage changes
+            validate(state_dict["_sampler"])
         with self._futures_lock:
+            _prefetch.wait(self._prefetch_queue)  # before the replay lock, which prefetch tasks take
+            with self._replay_lock, self._storage.write_lock:
+                self._storage.load_state_dict(state_dict["_storage"])
+                self._sampler.load_state_dict(state_dict["_sampler"])
+                self._writer.load_state_dict(state_dict["_writer"])
+                self._transform.load_state_dict(state_dict["_transforms"])
+                self._batch_size = state_dict.get("_batch_size", self._batch_size)
+                rng = generator_from_state(state_dict.get("_rng"))
+                if rng is not None:
+                    self.set_rng(rng)
+            # the components hold the state the saved batches were drawn from: they replace the queue
             self._prefetch_queue.clear()
-        with self._replay_lock, self._storage.write_lock:
-            self._storage.load_state_dict(state_dict["_storage"])
-            self._sampler.load_state_dict(state_dict["_sampler"])
-            self._writer.load_state_dict(state_dict["_writer"])
-            self._transform.load_state_dict(state_dict["_transforms"])
-            self._batch_size = state_dict.get("_batch_size", self._batch_size)
-            rng = generator_from_state(state_dict.get("_rng"))
-            if rng is not None:
-                self.set_rng(rng)
-        with self._futures_lock:  # once the components hold the state the batches were drawn from
             self._prefetch_queue.extend(prefetched)
 
     def __getstate__(self):
         prefetched = None
-        if not is_spawning():  # a process being started (DataLoader workers) never gets the parent's batches
+        # a process being started (DataLoader workers), or a dataset's copy, never gets the parent's batches
+        if not is_spawning() and not _prefetch.leaving_queue_out():
             with self._futures_lock:
                 prefetched = _prefetch.capture(self._prefetch_queue, self._prefetch)
         state = self.__dict__.copy()
@@ -883,9 +1062,10 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         self.__dict__.update(state)
         self._make_runtime_state()
         self._prefetch_queue.extend(_prefetch.restore(prefetched, self._prefetch))
-        self._storage.attach(self)
-        self._writer.register_storage(self._storage)
-        self.set_rng(rng)
+        if self._initialized:  # a buffer with delayed init builds its components at its first write
+            self._storage.attach(self)
+            self._writer.register_storage(self._storage)
+            self.set_rng(rng)
 
     # -- persistence: dumps/loads -------------------------------------------------------------------------------
     def dumps(self, path, **kwargs) -> None:
@@ -908,16 +1088,28 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             >>> fresh[:]
             tensor([0, 1, 2, 3])
         """
+        self._ready()
         with self._futures_lock:
             _prefetch.wait(self._prefetch_queue)  # before the replay lock, which prefetch tasks take
             with self._replay_lock:
-                dump_component(self, path, **kwargs)
+                hooks = self.__dict__.get("_save_hooks")
+                if hooks:  # see register_save_hook
+                    with self._storage.write_lock:
+                        dump_with_save_hooks(self._storage, hooks, path, lambda: dump_component(self, path, **kwargs))
+                else:
+                    dump_component(self, path, **kwargs)
 
     def loads(self, path) -> None:
-        """Loads a buffer saved by :meth:`dumps` into this one (built with the same configuration)."""
-        with self._futures_lock, self._replay_lock, self._storage.write_lock:
-            self._prefetch_queue.clear()
-            load_component(self, path)
+        """Loads a buffer saved by :meth:`dumps` into this one (built with the same configuration).
+
+        Everything is checked before anything is loaded; a refused checkpoint leaves the buffer, its prefetch
+        queue included, unchanged (prefetched batches of another ``prefetch`` capacity: ``RuntimeError``).
+        """
+        self._ready()
+        with self._futures_lock:
+            _prefetch.wait(self._prefetch_queue)  # before the replay lock, which prefetch tasks take
+            with self._replay_lock, self._storage.write_lock:
+                load_component(self, path)
 
     dump = dumps
     save = dumps
@@ -936,6 +1128,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         return {"storage": self._storage, "sampler": self._sampler, "writer": self._writer, "transforms": self._transform}
 
     def checkpoint_part(self, ctx: PartContext) -> tuple[dict, dict]:
+        self._ready()
         with self._futures_lock:  # the prefetched batches, as in TorchRL (JSON + tensors, see _prefetch.py)
             prefetch_tensors, prefetch = _prefetch.to_part(_prefetch.capture(self._prefetch_queue, self._prefetch), ctx)
         children = self._checkpoint_children()
@@ -954,6 +1147,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         return tensors, doc
 
     def check_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
+        self._ready()
         check_class(self, doc, "replay buffer")
         if set(doc["parts"]) != set(_CHECKPOINT_ROLES):
             raise ValueError(
@@ -969,6 +1163,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         _prefetch.check_part(doc.get("prefetch"), tensors, self._prefetch, ctx.path)
 
     def load_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
+        self._ready()
         children = self._checkpoint_children()
         before = {role: copy.deepcopy(children[role].state_dict()) for role in _SMALL_CHILDREN}
         try:
@@ -983,7 +1178,9 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         if rng is not None:
             self.set_rng(rng)
         prefetched = _prefetch.from_part(doc.get("prefetch"), tensors)
-        self._prefetch_queue.extend(_prefetch.restore(prefetched, self._prefetch))
+        with self._futures_lock:  # the saved batches replace the queue
+            self._prefetch_queue.clear()
+            self._prefetch_queue.extend(_prefetch.restore(prefetched, self._prefetch))
 
     # -- TorchRL's service API, in this process (service_backend="direct") --------------------------------------
     # Code written for a buffer hosted by a service (a RayReplayBuffer) runs unchanged on a direct buffer. The
@@ -995,8 +1192,18 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
 
     @property
     def is_alive(self) -> bool:
-        """``True``: a buffer in this process is always alive."""
-        return True
+        """``True`` until :meth:`shutdown` (as TorchRL's service API says of a service), ``False`` after it.
+
+        Examples:
+            >>> from torchrl.data import ReplayBuffer
+            >>> rb = ReplayBuffer()
+            >>> rb.is_alive, rb.start() is rb
+            (True, True)
+            >>> rb.shutdown(); rb.shutdown()  # the second call does nothing
+            >>> rb.is_alive
+            False
+        """
+        return not self._shut_down
 
     def start(self):
         """Returns the buffer (there is nothing to start in this process)."""
@@ -1038,6 +1245,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             >>> len(dataset), [batch.shape for batch in dataset.loader(num_workers=0)]
             (2, [torch.Size([4]), torch.Size([4])])
         """
+        self._ready()
         return ReplayBufferDataset(
             self, num_batches=num_batches, transport=transport, share_sampler=share_sampler, rank=rank,
             world_size=world_size,
@@ -1061,6 +1269,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             >>> ReplayBuffer(sampler=SamplerWithoutReplacement()).stateful_component()[0]
             'sampler'
         """
+        self._ready()
         return unshared_stateful_component((("sampler", self._sampler), ("storage", self._storage)))
 
     def pin_epoch(self, key: int | None = None, readers: int = 1) -> None:
@@ -1086,6 +1295,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             one epoch: [0, 1, 2, 3, 4, 5, 6, 7]
             >>> rb.unpin_epoch()
         """
+        self._ready()
         self._sampler.pin_epoch(key, readers)
 
     def unpin_epoch(self) -> None:
@@ -1116,6 +1326,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             >>> torch.equal(first, copy.sample())
             True
         """
+        self._ready()
         self._prefetch = 0
         self._make_runtime_state()
         if self._rng is not None:
@@ -1177,6 +1388,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             >>> sorted(ds.column_names), ds.num_rows
             (['next.reward', 'obs'], 10)
         """
+        self._ready()
         return _hf_export.export_hf(self, path, **kwargs)
 
     def extend_from_hf(self, source, **kwargs) -> int:
@@ -1195,6 +1407,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             >>> rb.extend_from_hf(path), rb[:]
             (4, tensor([0, 1, 2, 3, 0, 1, 2, 3]))
         """
+        self._ready()
         return _hf_import.extend_from_hf(self, source, **kwargs)
 
     @classmethod
@@ -1243,6 +1456,23 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             True
         """
         return _hf_import.buffer_from_hf(cls, source, **kwargs)
+
+
+def _tensor_leaves(data) -> list:
+    if isinstance(data, torch.Tensor):
+        return [data]
+    if isinstance(data, TensorDictBase) or is_tensorclass(data):
+        return [leaf for leaf in data.values(include_nested=True, leaves_only=True) if isinstance(leaf, torch.Tensor)]
+    return []
+
+
+def _shares_memory(value, stored) -> bool:
+    """Whether a tensor leaf of ``value`` lives in the memory of a tensor leaf of ``stored``."""
+    leaves = _tensor_leaves(value)
+    if not leaves:
+        return False
+    ptrs = {leaf.untyped_storage().data_ptr() for leaf in _tensor_leaves(stored) if leaf.device.type != "meta"}
+    return any(leaf.device.type != "meta" and leaf.untyped_storage().data_ptr() in ptrs for leaf in leaves)
 
 
 def _move_dim_to_front(data, dim: int):

@@ -48,6 +48,7 @@ from torchrl.data.replay_buffers.loading.worker_transport import (
     check_transport,
     prepare_batch,
 )
+from torchrl.data.replay_buffers.replay_buffers._prefetch import WithoutQueue
 
 __all__ = ["ReplayBufferDataset"]
 
@@ -160,7 +161,10 @@ class ReplayBufferDataset(IterableDataset):
     Workers: each worker holds a copy of the buffer object over the same storage content. At its first
     iteration in a worker, the dataset calls ``replay_buffer.prepare_worker_copy(get_worker_info().seed)``
     (fresh locks, prefetching off, the generator reseeded), so workers draw different batches, epochs differ,
-    and a DataLoader with a fixed ``generator`` reproduces the same stream.
+    and a DataLoader with a fixed ``generator`` reproduces the same stream. A pickled dataset (what spawn and
+    forkserver workers receive) leaves out the batches its buffer prefetched (``prefetch=k``): a worker's copy
+    never uses them, so ``pickle.dumps(rb.as_dataset())`` is about the size it is without prefetching. The
+    buffer pickled on its own keeps them, as in TorchRL.
 
     Stateful samplers: with ``share_sampler=True`` (the default), building the dataset moves the state of a
     sampler that can share it (prioritized trees, the epoch of a sampler without replacement; see
@@ -493,6 +497,9 @@ class ReplayBufferDataset(IterableDataset):
             raise RuntimeError(stateful_message(self.replay_buffer, "sent to a spawn/forkserver worker"))
         state = self.__dict__.copy()
         state["_seeded_worker"] = None
+        # the worker's copy of the buffer never samples from its parent's prefetch queue: not sent (it unpickles
+        # as the buffer itself)
+        state["replay_buffer"] = WithoutQueue(self.replay_buffer)
         return state
 
     def __repr__(self) -> str:

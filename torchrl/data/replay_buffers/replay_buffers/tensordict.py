@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from torchrl.data.replay_buffers.errors import torchrl_error
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
 from torchrl.data.replay_buffers.samplers.prioritized import (
     PrioritizedSampler,
     check_priorities,
     reduce_priority,
 )
-from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter, Writer
+from torchrl.data.replay_buffers.writers import TensorDictMaxValueWriter, TensorDictRoundRobinWriter, Writer
 
 
 def set_entries(data: TensorDictBase, entries: Mapping, convert: Callable) -> TensorDictBase:
@@ -85,6 +87,9 @@ class TensorDictReplayBuffer(ReplayBuffer):
 
     def _check_td(self, data, method: str) -> None:
         if not isinstance(data, TensorDictBase):
+            writer = getattr(self, "_writer", None)
+            if isinstance(writer, TensorDictMaxValueWriter) and method in ("add", "extend"):  # TorchRL's phrase
+                raise torchrl_error("max_value_writer_data", cls=type(writer).__name__, got=type(data).__name__)
             raise TypeError(
                 f"{type(self).__name__}.{method}() takes a TensorDict, got {type(data).__name__}. Wrap the data in a "
                 f"TensorDict, or use ReplayBuffer for tensors, tensorclasses and pytrees."
@@ -97,6 +102,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
         checked before anything is written: a NaN, infinite or negative priority raises a ``ValueError`` that
         names the entry, and leaves the buffer unchanged.
         """
+        self._ready()
         self._check_td(data, "add")
         priority = self._priorities_of(data, batched=False)
         with self._replay_lock, self.write_lock:  # lock order of every write
@@ -117,6 +123,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
             update_priority (bool, optional): ``False`` ignores the ``priority_key`` entry (the new items get
                 the sampler's default priority). Defaults to ``None`` (read it when present).
         """
+        self._ready()
         self._check_td(tensordicts, "extend")
         priority = self._priorities_of(tensordicts, batched=True) if update_priority is not False else None
         batch = self._as_stored_batch(tensordicts)
@@ -155,9 +162,47 @@ class TensorDictReplayBuffer(ReplayBuffer):
         )
 
     def update_tensordict_priority(self, data: TensorDictBase) -> None:
-        """Reads ``data["index"]`` and ``data[priority_key]`` and updates the sampler's priorities."""
+        """Reads ``data["index"]`` and ``data[priority_key]`` and updates the sampler's priorities.
+
+        Priorities with trailing dims are reduced per item with the sampler's ``reduction``; without a
+        ``priority_key`` entry the items get the sampler's default priority. Does nothing when the sampler is
+        not prioritized.
+
+        With a sample unit such as :class:`~torchrl.data.Sequence`, only the windows' anchors are updated (read
+        from ``data["anchor_index"]``): each anchor gets the max priority over its valid records (those of
+        ``data["validity_mask"]``), the records of several windows on one anchor reduced together (see
+        :meth:`Sequence.anchor_priorities`). On an ``ndim=2`` storage the anchor ``(t, env)`` is the item
+        ``t * n_envs + env``.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage, Sequence, TensorDictPrioritizedReplayBuffer
+            >>> rb = TensorDictPrioritizedReplayBuffer(alpha=1.0, beta=1.0, storage=LazyTensorStorage(10),
+            ...     sample_unit=Sequence(4), batch_size=2)
+            >>> done = torch.zeros(10, 1, dtype=torch.bool)
+            >>> done[8] = True
+            >>> _ = rb.extend(TensorDict({"obs": torch.arange(10), ("next", "done"): done}, batch_size=[10]))
+            >>> batch = TensorDict(anchor_index=torch.tensor([7] * 8),  # two windows on anchor 7
+            ...     validity_mask=torch.tensor([True, True, False, False] * 2),
+            ...     td_error=torch.tensor([1.0, 2.0, 30.0, 40.0, 3.0, 4.0, 50.0, 60.0]), batch_size=[8])
+            >>> rb.update_tensordict_priority(batch)  # anchor 7 gets 4.0, the max of its valid records
+            >>> [round(float(rb.sampler._sum_tree[i]), 4) for i in (6, 7)]
+            [1.0, 4.0]
+        """
         self._check_td(data, "update_tensordict_priority")
+        self._ready()
         if not isinstance(self._sampler, PrioritizedSampler):
+            return
+        unit = self._sample_unit
+        if unit is not None:  # e.g. Sequence windows: one priority per drawn anchor
+            priority = data.get(self.priority_key, None)
+            if priority is None:
+                priority = torch.full(data.batch_size, self._sampler.default_priority)
+            else:
+                priority = reduce_priority(priority, self._sampler.reduction, batch_dims=max(data.batch_dims, 1))
+            anchor, priority = unit.anchor_priorities(data, priority)
+            self.update_priority(anchor, priority)
             return
         index = data.get("index", None)
         if index is None:
@@ -174,8 +219,48 @@ class TensorDictReplayBuffer(ReplayBuffer):
             priority = reduce_priority(priority, self._sampler.reduction, batch_dims=batch_dims)
         self.update_priority(index, priority)
 
-    def _sample(self, batch_size: int, transform: bool = True):
-        data, info = super()._sample(batch_size, transform)
+    def sample(self, batch_size: int | None = None, return_info: bool = False, include_info: bool | None = None):
+        """Draws a batch of TensorDicts that carries the sampler's info (``"index"``, and e.g.
+        ``"priority_weight"``) as entries, each expanded to the batch's shape (``[B, T]`` for trajectory items).
+
+        Args:
+            batch_size (int, optional): the number of items. Defaults to the buffer's ``batch_size``.
+            return_info (bool): also return the info dict: ``(batch, info)``. Defaults to ``False``.
+            include_info (bool, optional): deprecated (as in TorchRL; warns with a ``UserWarning`` when given):
+                ``False`` leaves the info entries out of the batch (entries the storage holds, such as the
+                writer's ``"index"``, stay); ``True`` and ``None`` write them. Defaults to ``None``.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
+            >>> rb = TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=LazyTensorStorage(10), batch_size=4)
+            >>> _ = rb.extend(TensorDict(obs=torch.randn(10, 3), batch_size=[10]))
+            >>> "priority_weight" in rb.sample().keys()
+            True
+            >>> import warnings
+            >>> with warnings.catch_warnings():
+            ...     warnings.simplefilter("ignore")
+            ...     "priority_weight" in rb.sample(include_info=False).keys()
+            False
+        """
+        if include_info is not None:
+            warnings.warn(
+                f"`include_info` is deprecated (as in TorchRL), got include_info={include_info!r}: sampled "
+                f"TensorDicts carry the sampler's info entries. Leave the argument out, and use "
+                f"sample(return_info=True) to read the info beside the batch.",
+                UserWarning,
+                stacklevel=2,
+            )
+        data, info = super().sample(batch_size, return_info=True)
+        if include_info is not False and isinstance(data, TensorDictBase):
+            set_entries(data, info, _info_value)
+        return (data, info) if return_info else data
+
+    def sample_raw(self, batch_size: int | None = None, return_info: bool = False):
+        """:meth:`ReplayBuffer.sample_raw`, with the sampler's info written into the batch as :meth:`sample`
+        writes it."""
+        data, info = super().sample_raw(batch_size, return_info=True)
         if isinstance(data, TensorDictBase):
             set_entries(data, info, _info_value)
-        return data, info
+        return (data, info) if return_info else data
