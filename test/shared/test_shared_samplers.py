@@ -92,17 +92,17 @@ def test_sharing_a_prioritized_sampler_keeps_its_state_and_a_pickled_copy_is_pri
     assert not rb.sampler.is_shared
     assert rb.sampler.share_memory_() is rb.sampler and rb.sampler.is_shared
     after = rb.sampler.state_dict()
-    for key in ("priority",):
+    for key in ("_priority",):
         assert torch.equal(before[key].nan_to_num(-1), after[key].nan_to_num(-1))
-    assert torch.equal(before["sum_tree"]["values"], after["sum_tree"]["values"])
-    assert before["max_priority"] == after["max_priority"] == 19.0
+    assert torch.equal(before["_sum_tree"]["values"], after["_sum_tree"]["values"])
+    assert before["_max_priority"] == after["_max_priority"] == (19.0, 19)
     for copied in (pickle.loads(pickle.dumps(rb.sampler)), copy.deepcopy(rb.sampler)):
         assert not copied.is_shared  # by value: private
         copied.update_priority(torch.tensor([0]), torch.tensor([100.0]))
-        assert rb.sampler.state_dict()["max_priority"] == 19.0
+        assert rb.sampler.state_dict()["_max_priority"][0] == 19.0
         assert copied.share_memory_().is_shared  # a private copy can be shared again
     rb.sampler.beta = 0.25  # configuration lives in the shared scalars too
-    assert rb.sampler.beta == 0.25 and rb.sampler.state_dict()["beta"] == 0.25
+    assert rb.sampler.beta == 0.25 and rb.sampler.state_dict()["_beta"] == 0.25
 
 
 def test_sharing_a_sampler_without_replacement_mid_epoch_continues_that_epoch():
@@ -122,29 +122,29 @@ def test_shared_without_replacement_state_dict_round_trips_and_loads_a_larger_pe
     rb.sampler.share_memory_()
     rb.sample()
     state = rb.sampler.state_dict()
-    assert sorted(state["_perm"].tolist()) == list(range(12)) and state["_pos"] == 4
+    assert state["len_storage"] == 12 and len(state["_sample_list"]) == 8  # 4 drawn
     fresh = wor_buffer(12)
     fresh.sampler.load_state_dict(state)  # into a private sampler
     rest = [fresh.sample()["idx"] for _ in range(2)]
-    assert sorted(torch.cat(rest).tolist()) == sorted(state["_perm"][4:].tolist())
+    assert torch.cat(rest).tolist() == state["_sample_list"].tolist()
     assert state["_seed"] is not None  # a shared epoch is a seed: another shared sampler loads it as such
     other = SamplerWithoutReplacement().share_memory_()
     other.load_state_dict(state)
-    assert torch.equal(other.state_dict()["_perm"], state["_perm"]) and other.state_dict()["_pos"] == 4
+    assert torch.equal(other.state_dict()["_sample_list"], state["_sample_list"]) and other.state_dict()["_seed"] == state["_seed"]
     private = wor_buffer(12)
     private.sample()
     private_state = private.sampler.state_dict()  # an explicit permutation (no seed)
     assert private_state["_seed"] is None
     small = SamplerWithoutReplacement().share_memory_()  # shared with no epoch: the array grows for it
     small.load_state_dict(private_state)
-    assert torch.equal(small.state_dict()["_perm"], private_state["_perm"]) and small.is_shared
+    assert torch.equal(small.state_dict()["_sample_list"], private_state["_sample_list"]) and small.is_shared
     stale = pickle.loads(pickle.dumps(rb.sampler))  # by value: private, loads anything
     stale.load_state_dict(private_state)
     fits = wor_buffer(12)
     fits.sample()
     fits.sampler.share_memory_()  # shared mid-epoch: room for a permutation of 12
     fits.sampler.load_state_dict(private_state)
-    assert torch.equal(fits.sampler.state_dict()["_perm"], private_state["_perm"])
+    assert torch.equal(fits.sampler.state_dict()["_sample_list"], private_state["_sample_list"])
 
 
 def test_stateful_component_skips_a_shared_sampler_and_sharing_a_stateless_one_is_a_no_op():
@@ -255,7 +255,7 @@ def test_a_writer_that_dies_mid_write_is_repaired_by_the_next_holder():
     child.join(30)
     assert child.exitcode == 0
     _, info = rb.sample(return_info=True)  # repairs first: the trees now hold the raw priorities
-    values = rb.sampler.state_dict()["sum_tree"]["values"]
+    values = rb.sampler.state_dict()["_sum_tree"]["values"]
     assert values[:8].tolist() == [5.0] * 4 + [1.0] * 4
     assert rb.sampler._sum_tree.query(0, 8) == pytest.approx(24.0)
     assert rb.sampler.default_priority == 5.0
@@ -494,15 +494,15 @@ def test_stress_updates_and_extends_in_the_main_process_while_two_workers_sample
     del it
     assert steps > 10 and written > capacity
     state = rb.sampler.state_dict()
-    leaves = state["sum_tree"]["values"].double()
+    leaves = state["_sum_tree"]["values"].double()
     assert rb.sampler._sum_tree.query() == pytest.approx(float(leaves.sum()), rel=1e-9)
-    assert rb.sampler._min_tree.query() == float(state["min_tree"]["values"].min())
-    reference = SumSegmentTree(capacity)
-    reference.update(torch.arange(capacity), leaves)
+    assert rb.sampler._min_tree.query() == float(state["_min_tree"]["values"].min())
+    reference = SumSegmentTree(leaves.numel())  # the trees hold positions up to a power of two above capacity
+    reference.update(torch.arange(leaves.numel()), leaves)
     for end in (1, 17, 150, capacity):  # every level agrees with a tree rebuilt from the leaves
         assert rb.sampler._sum_tree.query(0, end) == pytest.approx(reference.query(0, end), rel=1e-9)
-    known = ~torch.isnan(state["priority"])
-    q = (state["priority"][known].double() + rb.sampler.eps) ** rb.sampler.alpha
+    known = ~torch.isnan(state["_priority"])
+    q = (state["_priority"][known].double() + rb.sampler.eps) ** rb.sampler.alpha
     assert torch.allclose(leaves[known], q)  # the tree holds the raw priorities, transformed
 
 
@@ -568,13 +568,13 @@ def test_state_dict_and_dumps_while_workers_sample_load_into_a_fresh_buffer(tmp_
     state = rb.sampler.state_dict()
     rb.dumps(tmp_path / "prioritized")
     del it
-    leaves = state["sum_tree"]["values"].double()
-    known = ~torch.isnan(state["priority"])
-    assert torch.allclose(leaves[known], (state["priority"][known].double() + state["eps"]) ** state["alpha"])
+    leaves = state["_sum_tree"]["values"].double()
+    known = ~torch.isnan(state["_priority"])
+    assert torch.allclose(leaves[known], (state["_priority"][known].double() + state["_eps"]) ** state["_alpha"])
     fresh = prioritized_buffer(0)
     fresh.loads(tmp_path / "prioritized")
     loaded = fresh.sampler.state_dict()
-    assert torch.equal(loaded["priority"].nan_to_num(-1), rb.sampler.state_dict()["priority"].nan_to_num(-1))
+    assert torch.equal(loaded["_priority"].nan_to_num(-1), rb.sampler.state_dict()["_priority"].nan_to_num(-1))
     batches = [b for _, b in zip(range(4), loader(fresh.as_dataset(), 2))]  # shared again, with workers
     assert fresh.sampler.is_shared and all(b["index"].max() < 40 for b in batches)
 
@@ -585,8 +585,8 @@ def test_state_dict_and_dumps_while_workers_sample_load_into_a_fresh_buffer(tmp_
     snapshot = wor.sampler.state_dict()
     wor.dumps(tmp_path / "wor")
     del it
-    perm, pos = snapshot["_perm"], snapshot["_pos"]
-    assert sorted(perm.tolist()) == list(range(40)) and pos == 0  # the workers draw by number: the cursor stays
+    rest = snapshot["_sample_list"]
+    assert sorted(rest.tolist()) == list(range(40))  # the workers draw by number: the cursor stays at 0
     assert snapshot["_plan"]["total"] == 10_000  # the iteration's plan, which a resumed iteration rejoins
     fresh = wor_buffer(0)
     fresh.loads(tmp_path / "wor")

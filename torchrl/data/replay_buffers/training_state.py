@@ -8,6 +8,8 @@ exactly as ``rb.dumps(path)`` saves it, so ``rb.loads(path)`` also reads such a 
     "training_state": {"version": 1, "buffer_length": ..., "loader": {"class": ..., "num_workers": ...,
                        "state": <the loader's state_dict, encoded>} | null,
                        "rng": <torch's global generator state>, "loader_generator": ... | null,
+                       "numpy_rng": {"keys": <int64 [624]>, "pos": int, "has_gauss": int,
+                                     "cached_gaussian": float} (numpy's global MT19937 state),
                        "extra": <the caller's state, encoded> | null}
 
 where an encoded state is the JSON tree of :mod:`torchrl.data.replay_buffers._checkpoint.parts` (its tensors are
@@ -22,6 +24,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 import torchrl.data.replay_buffers._checkpoint.parts as _persistence
@@ -38,7 +41,11 @@ _BYTES = "torchrl.bytes"  # marks a bytes value turned into a uint8 tensor
 
 def _bytes_to_tensors(value):
     if isinstance(value, (bytes, bytearray)):
-        return {_BYTES: torch.frombuffer(bytearray(value), dtype=torch.uint8) if value else torch.zeros(0, dtype=torch.uint8)}
+        return {
+            _BYTES: torch.frombuffer(bytearray(value), dtype=torch.uint8)
+            if value
+            else torch.zeros(0, dtype=torch.uint8)
+        }
     if isinstance(value, Mapping) and not isinstance(value, torch.Tensor):
         return {k: _bytes_to_tensors(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
@@ -69,7 +76,9 @@ def _decode(node, tensors: Mapping):
 def _check_loader(loader) -> None:
     if loader is None:
         return
-    if not (callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))):
+    if not (
+        callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+    ):
         raise TypeError(
             f"`loader` must have state_dict() and load_state_dict() (torchdata's StatefulDataLoader); got a "
             f"{type(loader).__name__}. A torch.utils.data.DataLoader has no state to save: use "
@@ -102,7 +111,11 @@ def _warn_if_inexact(rb, loader) -> None:
     """
     sampler = getattr(rb, "sampler", None)
     reads_the_sampler = hasattr(getattr(loader, "dataset", None), "replay_buffer")  # not a StorageDataset
-    if not (getattr(sampler, "requires_shared_state", False) and getattr(loader, "num_workers", 0) and reads_the_sampler):
+    if not (
+        getattr(sampler, "requires_shared_state", False)
+        and getattr(loader, "num_workers", 0)
+        and reads_the_sampler
+    ):
         return
     if callable(getattr(sampler, "planned_draw", None)):
         return
@@ -118,7 +131,9 @@ def _warn_if_inexact(rb, loader) -> None:
     )
 
 
-def save_training_state(path, *, rb=None, loader=None, extra: Mapping | None = None, fsync: bool = True) -> None:
+def save_training_state(
+    path, *, rb=None, loader=None, extra: Mapping | None = None, fsync: bool = True
+) -> None:
     """Saves a training run's data state to the directory ``path``, atomically: the replay buffer, the
     DataLoader's position and random streams, torch's global random state and ``extra``.
 
@@ -184,10 +199,11 @@ def save_training_state(path, *, rb=None, loader=None, extra: Mapping | None = N
         "buffer_length": None,
         "loader": loader_doc,
         "rng": _encode(torch.get_rng_state(), tensors, "training/rng/", "torch.get_rng_state()"),
-        "loader_generator": None if generator is None else _encode(
-            generator.get_state(), tensors, "training/loader_generator/", "loader.generator"
-        ),
+        "loader_generator": None
+        if generator is None
+        else _encode(generator.get_state(), tensors, "training/loader_generator/", "loader.generator"),
         "extra": None if extra is None else _encode(dict(extra), tensors, "training/extra/", "extra"),
+        "numpy_rng": _numpy_state_doc(tensors),
     }
     with lock:  # writers of a shared storage (other processes too) wait until the buffer's files are written
         if rb is not None:
@@ -212,12 +228,71 @@ def _training_doc(path: str, metadata: dict) -> dict:
     return doc
 
 
+def _numpy_state_doc(tensors: dict) -> dict:
+    """numpy's global generator state (a prioritized sampler without a generator draws from it, as TorchRL's)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    tensors["training/numpy_rng/keys"] = torch.from_numpy(keys.astype(np.int64))
+    return {"kind": kind, "keys": "training/numpy_rng/keys", "pos": int(pos), "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached)}  # fmt: skip
+
+
+def _numpy_state(path: str, doc, tensors: dict):
+    """The state for ``np.random.set_state`` saved as ``doc`` (None for a checkpoint saved without it); a
+    ``CheckpointError`` when a generator would refuse it or it is not MT19937's 624 words and position."""
+    if doc is None:
+        return None
+    problem = None
+    try:
+        keys = tensors[doc["keys"]]
+        state = (doc["kind"], keys.numpy().astype(np.uint32), doc["pos"], doc["has_gauss"], doc["cached_gaussian"])
+        ints = (doc["pos"], doc["has_gauss"])
+        if doc["kind"] != "MT19937" or keys.dtype != torch.int64 or list(keys.shape) != [624]:
+            problem = f"it must be MT19937's 624 words, got {doc['kind']!r} with {keys.dtype} {list(keys.shape)}"
+        elif keys.min() < 0 or keys.max() >= 1 << 32:
+            problem = "its words must be 32-bit unsigned values"
+        elif not all(isinstance(v, int) and not isinstance(v, bool) for v in ints) or not 0 <= doc["pos"] <= 624:
+            problem = f"its position must be an int in [0, 624], got {doc['pos']!r}"
+        else:
+            np.random.RandomState().set_state(state)  # a scratch generator: raises if numpy refuses it
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        problem = f"numpy refuses it ({type(err).__name__}: {err})"
+    if problem is not None:
+        raise CheckpointError(
+            f"The training state at {os.fspath(path)!r} holds an invalid random state `numpy_rng`: {problem}. Save "
+            f"the run again with save_training_state, or pass restore_rng=False to load the rest. Nothing was loaded."
+        )
+    return state
+
+
+def _check_generator_state(path: str, field: str, state, scratch: torch.Generator) -> None:
+    """Raises a ``CheckpointError`` unless ``state`` can be set on a generator like ``scratch`` (a new one)."""
+    problem = None
+    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.dim() != 1:
+        found = (
+            f"a {state.dtype} tensor of shape {list(state.shape)}"
+            if isinstance(state, torch.Tensor)
+            else f"a {type(state).__name__}: {state!r:.80}"
+        )
+        problem = f"it must be a 1-D uint8 tensor (torch.get_rng_state()), got {found}"
+    else:
+        try:
+            scratch.set_state(state.as_subclass(torch.Tensor).detach().cpu().clone())
+        except (RuntimeError, TypeError, ValueError) as err:
+            problem = f"a {scratch.device} generator refuses its {state.numel()} bytes ({err})"
+    if problem is not None:
+        raise CheckpointError(
+            f"The training state at {os.fspath(path)!r} holds an invalid random state `{field}`: {problem}. Save the "
+            f"run again with save_training_state, or pass restore_rng=False to load the rest. Nothing was loaded."
+        )
+
+
 def load_training_state(path, *, rb=None, loader=None, restore_rng: bool = True) -> dict[str, Any]:
     """Restores what :func:`save_training_state` saved at ``path`` into ``rb`` and ``loader``; returns ``extra``.
 
     Everything is checked before anything is changed: the checkpoint (complete, uncorrupted, of a known
     version), the buffer (built with the saved configuration), and the loader (the saved number of workers;
-    for each worker, the dataset's batch size, ``num_batches``, ranks and sampler). Then the buffer is loaded,
+    for each worker, the dataset's batch size, ``num_batches``, ranks, sampler and position), and the random
+    states (each is set on a new generator first). Then the buffer is loaded,
     the loader's state is set and its iterator created (its workers start now), and torch's global random
     state (and the loader's ``generator``, if it has one) are restored, so that the next batches and the
     next epochs are those of the uninterrupted run.
@@ -229,7 +304,7 @@ def load_training_state(path, *, rb=None, loader=None, restore_rng: bool = True)
         rb (ReplayBuffer, optional): the buffer to load, built as the saved one was. Defaults to ``None``.
         loader (StatefulDataLoader, optional): the loader to resume, built as the saved one was, over a
             dataset of ``rb`` (or of its storage). Defaults to ``None``.
-        restore_rng (bool): restore torch's global random state (and ``loader.generator``). Defaults to
+        restore_rng (bool): restore torch's and numpy's global random states (and ``loader.generator``). Defaults to
             ``True``.
 
     Returns:
@@ -237,8 +312,9 @@ def load_training_state(path, *, rb=None, loader=None, restore_rng: bool = True)
 
     Raises:
         FileNotFoundError: if there is no checkpoint at ``path``.
-        CheckpointError: if the checkpoint is incomplete, corrupted, of an unknown version, or lacks the part
-            asked for (a buffer, a loader state).
+        CheckpointError: if the checkpoint is incomplete, corrupted, of an unknown version, lacks the part
+            asked for (a buffer, a loader state), or holds a random state that a generator refuses (checked
+            only with ``restore_rng=True``). Nothing is changed then.
         ValueError: if the buffer or the loader does not fit the saved state (the message names the
             difference: workers, batch size, ``num_batches``, buffer length...). Nothing is changed then.
         TypeError: if ``loader`` has no state API.
@@ -268,16 +344,30 @@ def load_training_state(path, *, rb=None, loader=None, restore_rng: bool = True)
         loader_state = None
         if loader is not None:
             if doc.get("loader") is None:
-                raise CheckpointError(f"The training state at {path!r} holds no loader state; pass loader=None.")
+                raise CheckpointError(
+                    f"The training state at {path!r} holds no loader state; pass loader=None."
+                )
             loader_state = _decode(doc["loader"]["state"], tensors)
             check_loader_state(loader, loader_state, doc.get("buffer_length") if rb is not None else None)
         extra = {} if doc.get("extra") is None else _decode(doc["extra"], tensors)
         rng = _decode(doc["rng"], tensors)
-        loader_generator = None if doc.get("loader_generator") is None else _decode(doc["loader_generator"], tensors)
+        loader_generator = (
+            None if doc.get("loader_generator") is None else _decode(doc["loader_generator"], tensors)
+        )
     except (KeyError, IndexError, AttributeError) as err:
         raise CheckpointError(
             f"The training state in the checkpoint at {os.fspath(path)!r} is malformed: {type(err).__name__}: {err}."
         ) from None
+    numpy_rng = None
+    if restore_rng:  # checked on scratch generators: the global one and the loader's are set last
+        _check_generator_state(path, "rng", rng, torch.Generator())
+        numpy_rng = _numpy_state(path, doc.get("numpy_rng"), tensors)
+        generator = getattr(loader, "generator", None)
+        if generator is not None and loader_generator is not None:
+            _check_generator_state(
+                path, "loader_generator", loader_generator, torch.Generator(device=generator.device)
+            )
+    # nothing was changed so far; from here on, every part has been checked
     if rb is not None:
         rb.loads(path)  # under the buffer's locks; validates the same checkpoint again
     if loader is not None:
@@ -285,6 +375,8 @@ def load_training_state(path, *, rb=None, loader=None, restore_rng: bool = True)
         loader.state_dict()  # creates the resumed iterator now: its seed draws happen before the RNG is restored
     if restore_rng:
         torch.set_rng_state(rng)
+        if numpy_rng is not None:
+            np.random.set_state(numpy_rng)
         generator = getattr(loader, "generator", None)
         if generator is not None and loader_generator is not None:
             generator.set_state(loader_generator)

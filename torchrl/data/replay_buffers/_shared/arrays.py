@@ -125,8 +125,14 @@ class StateGuard:
         >>> repaired = []
         >>> with guard.write(lambda: repaired.append(True)):
         ...     pass
-        >>> guard.acquire(lambda: repaired.append(True)); guard.begin_write(); guard.release()  # dies mid-write
-        >>> with guard.read(lambda: repaired.append(True)):  # the next holder repairs
+        >>> repaired  # a complete write leaves nothing to repair
+        []
+        >>> try:
+        ...     with guard.write(lambda: repaired.append(True)):
+        ...         raise RuntimeError("the writer fails half-way")  # as a writer killed mid-write would
+        ... except RuntimeError:
+        ...     pass
+        >>> with guard.read(lambda: repaired.append(True)):  # the next holder repairs first
         ...     repaired
         [True]
     """

@@ -99,7 +99,8 @@ class ReaderPosition:
                 self.generator = torch.Generator().manual_seed(seed)
                 buffer.set_rng(self.generator)  # the worker's private copy: the dataset owns its stream
                 if reader.world_size > 1:
-                    torch.manual_seed(seed)  # the worker's own global generator (transforms), distinct per rank
+                    # the worker's own global generator (transforms), distinct per rank
+                    torch.manual_seed(seed)
             elif reader.world_size > 1:
                 seed = reader_seed(torch.initial_seed(), reader.rank, reader.world_size)
                 self.generator = torch.Generator().manual_seed(seed)
@@ -122,7 +123,9 @@ class ReaderPosition:
             _set_stream_state(self.generator, self.before_draw)
         elif skip:  # the main process of a single rank has no stream of its own to rewind
             skip = self.items_done = 0
-        self.before_draw = _stream_state(self.generator, self.in_worker) if self.generator is not None else None
+        self.before_draw = (
+            _stream_state(self.generator, self.in_worker) if self.generator is not None else None
+        )
         return skip
 
     def item_yielded(self, index: int, count: int) -> None:
@@ -170,7 +173,8 @@ def _mismatch(what: str, saved, here, fix: str) -> ValueError:
 
 def check_reader_state(state, reader: Reader, config: dict[str, Any]) -> None:
     """Raises a ``ValueError`` naming the first difference between a saved reader state and this reader and
-    dataset (workers, ranks, batch size, number of batches, buffer length, sampler)."""
+    dataset (workers, ranks, batch size, number of batches, buffer length, sampler), or the first field of its
+    position that cannot be applied (counts, random streams)."""
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise ValueError(
             f"`state_dict` is not a ReplayBufferDataset reader state (a dict with format {STATE_FORMAT!r}); got "
@@ -183,14 +187,26 @@ def check_reader_state(state, reader: Reader, config: dict[str, Any]) -> None:
         )
     saved_reader, here = state["reader"], reader.describe()
     if saved_reader["num_workers"] != here["num_workers"]:
-        raise _mismatch("num_workers", saved_reader["num_workers"], here["num_workers"],
-                        "Build the DataLoader with the saved number of workers.")
+        raise _mismatch(
+            "num_workers",
+            saved_reader["num_workers"],
+            here["num_workers"],
+            "Build the DataLoader with the saved number of workers.",
+        )
     if saved_reader["world_size"] != here["world_size"]:
-        raise _mismatch("world_size", saved_reader["world_size"], here["world_size"],
-                        "Resume with the saved number of ranks.")
+        raise _mismatch(
+            "world_size",
+            saved_reader["world_size"],
+            here["world_size"],
+            "Resume with the saved number of ranks.",
+        )
     if saved_reader["rank"] != here["rank"] or saved_reader["worker"] != here["worker"]:
-        raise _mismatch("(rank, worker)", (saved_reader["rank"], saved_reader["worker"]),
-                        (here["rank"], here["worker"]), "Load each rank's own loader state in that rank.")
+        raise _mismatch(
+            "(rank, worker)",
+            (saved_reader["rank"], saved_reader["worker"]),
+            (here["rank"], here["worker"]),
+            "Load each rank's own loader state in that rank.",
+        )
     for key, fix in (
         ("batch_size", "Build the buffer with the saved batch_size."),
         ("num_batches", "Build the dataset with the saved num_batches: rb.as_dataset(num_batches=...)."),
@@ -200,10 +216,66 @@ def check_reader_state(state, reader: Reader, config: dict[str, Any]) -> None:
             raise _mismatch(key, state.get(key), config[key], fix)
     if state["buffer_length"] > config["buffer_length"]:
         raise _mismatch(
-            "a buffer of length", state["buffer_length"], config["buffer_length"],
+            "a buffer of length",
+            state["buffer_length"],
+            config["buffer_length"],
             "Load the buffer saved with this state first (torchrl.data.load_training_state does both): the "
             "resumed draws would otherwise come from other data.",
         )
+    _check_position(state)
+
+
+def _bad_position(field: str, value, expected: str) -> ValueError:
+    return ValueError(
+        f"This reader state is malformed: `{field}` is {value!r:.200}, expected {expected}. Pass what "
+        f"ReplayBufferDataset.state_dict() returned (StatefulDataLoader does), unmodified."
+    )
+
+
+def _check_stream(field: str, stream) -> None:
+    """Raises a ``ValueError`` unless ``stream`` is a state that :func:`_set_stream_state` can apply."""
+    if not isinstance(stream, dict) or stream.keys() != {"generator", "global"}:
+        raise _bad_position(field, stream, "a dict with keys 'generator' and 'global'")
+    try:
+        generator_from_state(stream["generator"])  # a new generator: nothing of this process is touched
+    except ValueError as err:
+        raise _bad_position(
+            f"{field}['generator']", stream["generator"], f"a generator state ({err})"
+        ) from None
+    raw = stream["global"]
+    if raw is None:
+        return
+    if not isinstance(raw, (bytes, bytearray)):
+        raise _bad_position(f"{field}['global']", raw, "None or the bytes of torch.get_rng_state()")
+    try:
+        torch.Generator().set_state(
+            torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.zeros(0, dtype=torch.uint8)
+        )
+    except (RuntimeError, TypeError, ValueError):
+        raise _bad_position(
+            f"{field}['global']",
+            f"<{len(raw)} bytes>",
+            f"the {torch.get_rng_state().numel()} bytes of torch.get_rng_state()",
+        ) from None
+
+
+def _check_position(state: dict) -> None:
+    """Raises a ``ValueError`` naming the first field of a reader's position that :meth:`ReaderPosition.
+    begin_epoch` could not apply: counts that are not non-negative ints, random streams a generator refuses."""
+    started = state.get("started")
+    if not isinstance(started, bool):
+        raise _bad_position("started", started, "True or False")
+    for field in ("draws", "iterations", "items_done"):
+        value = state.get(field)
+        if field == "iterations" and field not in state:  # optional: begin_epoch counts 1
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise _bad_position(field, value, "an int >= 0")
+    if not started:
+        return
+    _check_stream("stream", state.get("stream"))
+    if state.get("before_draw") is not None:
+        _check_stream("before_draw", state["before_draw"])
 
 
 # -- a StatefulDataLoader's state, seen from the main process ------------------------------------------------------
@@ -214,7 +286,9 @@ def _dataset_states(loader_state: dict) -> tuple[int, list[tuple[int | None, Any
         return 0, [(None, loader_state.get("dataset_state"))]
     num_workers = snapshot["_main_snapshot"]["_num_workers"]
     workers = snapshot.get("_worker_snapshots", {})
-    return num_workers, [(i, (workers.get(f"worker_{i}") or {}).get("dataset_state")) for i in range(num_workers)]
+    return num_workers, [
+        (i, (workers.get(f"worker_{i}") or {}).get("dataset_state")) for i in range(num_workers)
+    ]
 
 
 def check_loader_state(loader, loader_state, buffer_length: int | None) -> None:
