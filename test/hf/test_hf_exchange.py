@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.extras import require
 from tensordict import NonTensorData, TensorDict
 
-pytest.importorskip("datasets")
+require("datasets")
 import datasets  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
@@ -298,7 +299,7 @@ def test_unknown_columns_and_conflicting_keys_are_refused():
 
 def test_ragged_foreign_column_needs_a_list_storage():
     ds = datasets.Dataset.from_dict({"x": [[1, 2], [3], [4, 5, 6]]})
-    with pytest.raises(ValueError, match="Use ListStorage for items of different shapes"):
+    with pytest.raises(ValueError, match=r"Column .x. holds rows of different shapes.*Import into a ListStorage"):
         ReplayBuffer.from_hf(ds, storage=LazyTensorStorage(3))
     rb = ReplayBuffer.from_hf(ds, storage=ListStorage(3))
     assert [item["x"].tolist() for item in rb.storage] == [[1, 2], [3], [4, 5, 6]]
@@ -467,8 +468,8 @@ def test_item_batch_dims_survive_the_round_trip(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_behavior_cloning_example_exports_and_trains_from_hf(tmp_path):
-    pytest.importorskip("gymnasium")
-    pytest.importorskip("tqdm")
+    require("gymnasium")
+    require("tqdm")
     import importlib.util
 
     script = Path(__file__).resolve().parents[2] / "examples" / "replay-buffers" / "dataloader_behavior_cloning.py"

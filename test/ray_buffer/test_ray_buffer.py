@@ -21,6 +21,7 @@ import time
 
 import pytest
 import torch
+from helpers.extras import require
 from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
@@ -37,7 +38,7 @@ from torchrl.data.replay_buffers._ray.dataset import RayReplayBufferDataset
 from torchrl.data.replay_buffers.ray_buffer import RayReplayBufferClient
 from torchrl.envs.transforms import Resize
 
-ray = pytest.importorskip("ray")
+ray = require("ray")
 # Ray's workers cannot import this test module: its functions (Ray tasks, transforms) travel by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

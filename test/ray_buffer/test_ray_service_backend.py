@@ -20,6 +20,7 @@ import warnings
 
 import pytest
 import torch
+from helpers.extras import require
 from tensordict import TensorDict
 from torch.utils.data import IterableDataset
 
@@ -185,7 +186,7 @@ def test_buffers_still_mix_with_abcs_and_pickle():
 # -- the Ray backend on a local cluster ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ray():
-    ray = pytest.importorskip("ray")
+    ray = require("ray")
     if ray.is_initialized():
         ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

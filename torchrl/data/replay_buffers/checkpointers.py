@@ -177,6 +177,7 @@ class StorageCheckpointerBase:
         >>> with tempfile.TemporaryDirectory() as d:
         ...     storage.dumps(os.path.join(d, "s"))
         ...     fresh = LazyTensorStorage(10)
+        ...     fresh.set(0, torch.zeros(2))  # tensor data fill a storage that holds data (TorchRL's rule)
         ...     fresh.checkpointer.loads(fresh, os.path.join(d, "s"))
         >>> len(fresh), type(fresh.checkpointer).__name__
         (3, 'TensorStorageCheckpointer')
@@ -224,6 +225,12 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
 
     saves = "TensorStorage, LazyTensorStorage and LazyMemmapStorage"
 
+    def loads(self, storage, path) -> None:
+        """Loads the checkpoint at ``path`` into ``storage``; as in TorchRL, tensor and pytree data fill only a
+        storage that holds data already (``RuntimeError``; see :meth:`~torchrl.data.TensorStorage.check_fillable`)."""
+        storage.check_fillable(path)
+        super().loads(storage, path)
+
 
 class ListStorageCheckpointer(StorageCheckpointerBase):
     """The checkpointer of :class:`~torchrl.data.ListStorage` (the default there).
@@ -260,6 +267,14 @@ class CompressedListStorageCheckpointer(StorageCheckpointerBase):
     """
 
     saves = "CompressedListStorage"
+
+    def dumps(self, storage, path, *, fsync: bool = True, progress: bool | None = None) -> None:
+        """Saves ``storage`` (``compressed_data/`` and ``metadata.json``), then TorchRL's ``data_indices.json``
+        (item position -> its row in the saved data; informative, ``loads`` reads ``metadata.json``)."""
+        super().dumps(storage, path, fsync=fsync, progress=progress)
+        indices = json.dumps({str(i): i for i in range(len(storage))}).encode()
+        with open(os.path.join(os.fspath(path), "data_indices.json"), "wb") as f:
+            f.write(indices)
 
 
 class StorageEnsembleCheckpointer(StorageCheckpointerBase):
@@ -359,7 +374,7 @@ class FlatStorageCheckpointer(TensorStorageCheckpointer):
             "checkpointer": type(self).__name__,
             "done_keys": None
             if self.done_keys is None
-            else [_key_list(k) for k in self._to_layout.done_keys],
+            else sorted(_key_list(k) for k in self._to_layout.done_keys),
             "reward_keys": None
             if self.reward_keys is None
             else [_key_list(k) for k in self._to_layout.reward_keys],

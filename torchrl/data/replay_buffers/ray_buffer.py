@@ -30,6 +30,7 @@ from torchrl.data.replay_buffers._ray.runtime import (
     connect,
     dead_actor_error,
     import_ray,
+    ray_shut_down_error,
 )
 from torchrl.data.replay_buffers._ray.wire import decode, decode_all
 from torchrl.data.replay_buffers.loading.worker_transport import DEFAULT_TRANSPORT
@@ -157,8 +158,11 @@ class RayReplayBufferClient:
     # -- remote calls --------------------------------------------------------------------------------------------
     def _actor(self):
         check_not_forked(type(self).__name__)
+        ray = import_ray()
+        if self._handle is not None and not ray.is_initialized():
+            # a handle of a cluster this process left: using it would start a new local cluster without the actor
+            raise ray_shut_down_error(self._actor_name, self._address)
         if self._handle is None:
-            ray = import_ray()
             connect(ray, self._address, self._namespace)
             try:
                 self._handle = ray.get_actor(self._actor_name, namespace=self._namespace)

@@ -79,6 +79,17 @@ def dead_actor_error(name: str, namespace: str | None, cause: BaseException | st
     )
 
 
+def ray_shut_down_error(name: str, address: str | None) -> RuntimeError:
+    """The error of a client call after ``ray.shutdown()`` in this process (its actor handle is of that cluster)."""
+    where = f"ray.init(address={address!r})" if address else "ray.init(address=...) with the cluster's address"
+    return RuntimeError(
+        f"Ray was shut down in this process (ray.shutdown()) after this client reached the replay buffer's actor "
+        f"{name!r}, so the client has no cluster to call; nothing was sent. If that cluster still runs, reconnect "
+        f"with {where} and build a new client with pickle or rb.client(); if it was shut down, the buffer is gone: "
+        f"build a new RayReplayBuffer (and loads() its last checkpoint)."
+    )
+
+
 class RuntimeLease:
     """Reference-counted use of the Ray runtime by the buffers of this process.
 

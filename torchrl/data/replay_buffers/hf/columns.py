@@ -250,7 +250,14 @@ def from_arrow(arr, column: str, dtype: torch.dtype | None, shape: list[int] | N
         return [torch.tensor(r, dtype=dtype) for r in rows]
     tensor = _as_tensor(values)
     if dtype is not None and tensor.dtype != dtype:
-        tensor = tensor.to(dtype)
+        # an export writes each column with the Arrow type of its metadata dtype: a difference means that one
+        # of them was edited, and a cast would change the values silently (floats truncated to ints)
+        raise ValueError(
+            f"Column {column!r} holds {ARROW_DTYPES.get(tensor.dtype, tensor.dtype)} values, but the export's "
+            f"metadata says its items are {ARROW_DTYPES.get(dtype, dtype)}: the dataset and its metadata do not "
+            f"match (was one of them edited?). Re-export the buffer, or read the dataset without its metadata "
+            f"with `ignore_metadata=True` (the column's own dtype)."
+        )
     if shape is not None:
         if math.prod(dims) != math.prod(shape):
             raise ValueError(

@@ -304,12 +304,73 @@ def buffer_from_hf(
 
 
 def _write_chunks(rb, reader: HFReader, chunk_bytes: int) -> None:
-    """``rb.extend`` of each chunk; the storage allocated by the first one is advised to use huge pages (a
-    bulk fill: see :meth:`TensorStorage.advise_huge_pages <torchrl.data.TensorStorage.advise_huge_pages>`)."""
-    for i, chunk in enumerate(reader.chunks(chunk_rows_for(reader, chunk_bytes), copy=_needs_own_tensors(rb))):
+    """``rb.extend`` of each chunk, once every chunk decoded into items of one layout (validate, then write: a
+    bad row anywhere refuses the import before the first row is written). The storage allocated by the first
+    chunk is advised to use huge pages (a bulk fill: see :meth:`TensorStorage.advise_huge_pages
+    <torchrl.data.TensorStorage.advise_huge_pages>`)."""
+    rows = chunk_rows_for(reader, chunk_bytes)
+    check_chunks(reader, rows, tensor_storage=isinstance(rb.storage, TensorStorage))
+    for i, chunk in enumerate(reader.chunks(rows, copy=_needs_own_tensors(rb))):
         rb.extend(chunk)
         if i == 0 and isinstance(rb.storage, TensorStorage):  # allocated by this first write
             rb.storage.advise_huge_pages()
+
+
+def check_chunks(reader: HFReader, chunk_rows: int, *, tensor_storage: bool) -> None:
+    """Decodes every chunk of ``reader`` (views of the Arrow buffers, nothing kept) and raises a ``ValueError``
+    naming the column and the rows when one cannot be written: a null, a non-numeric value, rows whose shapes
+    differ (for a ``tensor_storage``: it holds items of one shape), or a chunk whose layout differs from the first
+    one's. Run before anything is written, so that a refused import leaves the buffer as it was."""
+    layout, start = None, 0
+    chunks = reader.chunks(chunk_rows, copy=False)
+    while True:
+        try:
+            chunk = next(chunks)
+        except StopIteration:
+            return
+        except (ValueError, TypeError) as err:
+            end = min(len(reader), start + chunk_rows)
+            raise type(err)(f"{err} (in rows {start}..{end - 1} of the dataset; nothing was written)") from None
+        n = len(chunk) if isinstance(chunk, list) else chunk.shape[0]
+        if isinstance(chunk, list):
+            if tensor_storage:
+                column = _ragged_column(chunk, reader)
+                raise ValueError(
+                    f"Column {column!r} holds rows of different shapes in rows {start}..{start + n - 1} of the "
+                    f"dataset, which a tensor storage cannot store (its items have one shape); nothing was "
+                    f"written. Import into a ListStorage (storage=ListStorage(n)), pad the rows to one shape "
+                    f"first, or leave the column out with `columns=[...]`."
+                )
+        else:
+            this = _layout(chunk)
+            if layout is None:
+                layout = this
+            elif this != layout:
+                key = next(k for k in sorted(set(layout) | set(this), key=str) if layout.get(k) != this.get(k))
+                raise ValueError(
+                    f"Entry {key!r} holds {this.get(key)} (dtype, item shape) in rows {start}..{start + n - 1} "
+                    f"of the dataset, but {layout.get(key)} before: the rows do not share one layout; nothing "
+                    f"was written. Fix the dataset, or leave the column out with `columns=[...]`."
+                )
+        start += n
+
+
+def _layout(chunk) -> dict:
+    """``{key: (dtype, item shape)}`` of a decoded chunk (a TensorDict or a tensor batch)."""
+    if isinstance(chunk, TensorDict):
+        items = chunk.items(include_nested=True, leaves_only=True)
+        return {k: (v.dtype, tuple(v.shape[chunk.batch_dims :])) for k, v in items}
+    return {"": (chunk.dtype, tuple(chunk.shape[1:]))}
+
+
+def _ragged_column(items: list, reader: HFReader) -> str:
+    """The first column whose values differ in shape between the decoded ``items`` (a list of per-row items)."""
+    for spec in reader.specs:
+        key = tuple(spec["key"])
+        shapes = {tuple((item if reader.item_kind == "tensor" else item[key]).shape) for item in items}
+        if len(shapes) > 1:
+            return spec["column"]
+    return reader.specs[0]["column"]
 
 
 def _needs_own_tensors(rb) -> bool:
