@@ -12,6 +12,7 @@ import zlib
 
 import pytest
 import torch
+from helpers.extras import require
 from helpers.factories import rewrite_checkpoint_metadata
 from tensordict import MemoryMappedTensor
 
@@ -486,7 +487,7 @@ def test_read_never_calls_an_unpickler(ckpt, monkeypatch):
 
 # -- progress -------------------------------------------------------------------------------------------------------
 def test_progress_true_shows_a_bar_and_none_is_silent_off_a_terminal(tmp_path, capsys):
-    pytest.importorskip("tqdm")
+    require("tqdm")
     write_checkpoint(tmp_path / "a", {"x": torch.ones(1000)}, {}, fsync=False, progress=True)
     assert "dumps" in capsys.readouterr().err
     write_checkpoint(tmp_path / "b", {"x": torch.ones(1000)}, {}, fsync=False, progress=None)

@@ -16,6 +16,7 @@ import socket
 import numpy as np
 import pytest
 import torch
+from helpers.extras import require
 from helpers.rpc import rpc_client, rpc_owner
 from tensordict import TensorDict
 
@@ -130,12 +131,12 @@ def test_sequence_pad_repeats_the_episode_edge_and_marks_it_invalid():
     storage = _episodes_storage([False, False, True, False, False, False])
     unit = Sequence(3)
     index, info = unit.expand(torch.tensor([1, 3, 5]), {}, storage)
-    assert index.tolist() == [[1, 2, 2], [3, 4, 5], [5, 5, 5]]
-    assert info["validity_mask"].tolist() == [[True, True, False], [True, True, True], [True, False, False]]
-    assert info["learning_mask"].tolist() == info["validity_mask"].tolist()
-    assert info["anchor_index"].tolist() == [[1] * 3, [3] * 3, [5] * 3]
+    assert index.tolist() == [1, 2, 2, 3, 4, 5, 5, 5, 5]  # flat, window-major (TorchRL's layout)
+    assert info["validity_mask"].tolist() == [True, True, False, True, True, True, True, False, False]
+    assert info["learning_mask"].tolist() == [True] * 9  # the learning positions, valid or not
+    assert info["anchor_index"].tolist() == [1] * 3 + [3] * 3 + [5] * 3
     data = unit.read(storage, index)
-    assert data.batch_size == torch.Size([3, 3]) and data["obs"].tolist() == index.tolist()
+    assert data.batch_size == torch.Size([9]) and data["obs"].tolist() == index.tolist()
 
 
 def test_sequence_burn_in_and_bootstrap_surround_the_learning_steps():
@@ -144,31 +145,31 @@ def test_sequence_burn_in_and_bootstrap_surround_the_learning_steps():
     assert unit.window == 5
     index, info = unit.expand(torch.tensor([1, 4]), {}, storage)
     # anchor 1: steps -1, 0 (burn-in), 1, 2 (learning), 3 (bootstrap); -1 is before the data: padded with 0
-    assert index.tolist() == [[0, 0, 1, 2, 3], [2, 3, 4, 5, 6]]
-    assert info["validity_mask"].tolist() == [[False, True, True, True, True], [True] * 5]
-    assert info["learning_mask"].tolist() == [[False, False, True, True, False], [False, False, True, True, False]]
+    assert index.tolist() == [0, 0, 1, 2, 3, 2, 3, 4, 5, 6]
+    assert info["validity_mask"].tolist() == [False, True, True, True, True] + [True] * 5
+    assert info["learning_mask"].tolist() == [False, False, True, True, False] * 2
 
 
 def test_sequence_dilation_spaces_the_steps():
     storage = _episodes_storage([False] * 10)
     index, info = Sequence(3, dilation=3).expand(torch.tensor([0, 5]), {}, storage)
-    assert index.tolist() == [[0, 3, 6], [5, 8, 9]]
-    assert info["validity_mask"].tolist() == [[True, True, True], [True, True, False]]
+    assert index.tolist() == [0, 3, 6, 5, 8, 9]
+    assert info["validity_mask"].tolist() == [True, True, True, True, True, False]
 
 
 def test_sequence_stop_moves_the_window_back_to_end_at_the_episode_end():
     storage = _episodes_storage([False, False, False, True, False, False])  # episodes [0, 3], [4, 5]
     index, info = Sequence(3, episode_boundary="stop").expand(torch.tensor([2, 0, 5]), {}, storage)
-    assert index.tolist() == [[1, 2, 3], [0, 1, 2], [4, 5, 5]]
-    assert info["validity_mask"].tolist() == [[True] * 3, [True] * 3, [True, True, False]]
-    assert info["anchor_index"][:, 0].tolist() == [1, 0, 4]
+    assert index.tolist() == [1, 2, 3, 0, 1, 2, 4, 5, 5]
+    assert info["validity_mask"].tolist() == [True] * 3 + [True] * 3 + [True, True, False]
+    assert info["anchor_index"].tolist() == [2] * 3 + [0] * 3 + [5] * 3  # the drawn anchors
 
 
 def test_sequence_include_reset_crosses_episode_ends_but_not_the_stored_stream():
     storage = _episodes_storage([False, True, False, False])
     index, info = Sequence(3, episode_boundary="include_reset").expand(torch.tensor([1, 2]), {}, storage)
-    assert index.tolist() == [[1, 2, 3], [2, 3, 3]]
-    assert info["validity_mask"].tolist() == [[True, True, True], [True, True, False]]
+    assert index.tolist() == [1, 2, 3, 2, 3, 3]
+    assert info["validity_mask"].tolist() == [True, True, True, True, True, False]
 
 
 def test_sequence_in_a_full_ring_never_joins_the_newest_and_oldest_steps():
@@ -178,9 +179,9 @@ def test_sequence_in_a_full_ring_never_joins_the_newest_and_oldest_steps():
     storage.set(torch.arange(2), TensorDict({"obs": torch.arange(4, 6), ("next", "done"): done}, batch_size=[2]))
     index, info = Sequence(3).expand(torch.tensor([0, 2]), {}, storage)
     # from step 4 (row 0): step 5 (row 1), then the newest step ends the stream
-    assert index.tolist() == [[0, 1, 1], [2, 3, 0]]
-    assert info["validity_mask"].tolist() == [[True, True, False], [True, True, True]]
-    assert unit_read_obs(storage, index) == [[4, 5, 5], [2, 3, 4]]
+    assert index.tolist() == [0, 1, 1, 2, 3, 0]
+    assert info["validity_mask"].tolist() == [True, True, False, True, True, True]
+    assert unit_read_obs(storage, index) == [4, 5, 5, 2, 3, 4]
 
 
 def unit_read_obs(storage, index):
@@ -194,31 +195,31 @@ def test_sequence_on_a_time_by_env_storage_stays_in_the_env_column():
     storage.set(torch.arange(4), TensorDict({"obs": obs, ("next", "done"): done}, batch_size=[4, 2]))
     index, info = Sequence(2).expand((torch.tensor([0, 1]), torch.tensor([0, 1])), {}, storage)
     rows, cols = index
-    assert rows.tolist() == [[0, 1], [1, 2]] and cols.tolist() == [[0, 0], [1, 1]]
-    assert info["anchor_index"][:, 0].tolist() == [[0, 0], [1, 1]]
-    assert Sequence(2).read(storage, index)["obs"].tolist() == [[0, 2], [3, 5]]
+    assert rows.tolist() == [0, 1, 1, 2] and cols.tolist() == [0, 0, 1, 1]
+    assert info["anchor_index"].tolist() == [[0, 0], [0, 0], [1, 1], [1, 1]]
+    assert Sequence(2).read(storage, index)["obs"].tolist() == [0, 2, 3, 5]
 
 
 def test_sequence_repeats_the_sampler_info_along_the_window():
     storage = _episodes_storage([False] * 4)
     _, info = Sequence(2).expand(torch.tensor([0, 1]), {"priority_weight": torch.tensor([0.5, 1.0])}, storage)
-    assert info["priority_weight"].tolist() == [[0.5, 0.5], [1.0, 1.0]]
+    assert info["priority_weight"].tolist() == [0.5, 0.5, 1.0, 1.0]
 
 
 def test_sequence_is_rebuilt_after_a_write_and_drops_its_cache_when_pickled():
     storage = _episodes_storage([False] * 4, capacity=8)
     unit = Sequence(3)
-    assert unit.expand(torch.tensor([2]), {}, storage)[0].tolist() == [[2, 3, 3]]
+    assert unit.expand(torch.tensor([2]), {}, storage)[0].tolist() == [2, 3, 3]
     storage.set(torch.arange(4, 6), TensorDict({"obs": torch.arange(4, 6),
                                                 ("next", "done"): torch.zeros(2, 1, dtype=torch.bool)}, [2]))
-    assert unit.expand(torch.tensor([2]), {}, storage)[0].tolist() == [[2, 3, 4]]
+    assert unit.expand(torch.tensor([2]), {}, storage)[0].tolist() == [2, 3, 4]
     assert pickle.loads(pickle.dumps(unit))._cache is None
     # an overwrite that keeps the length (a full ring) changes the episodes too
     full = _episodes_storage([False] * 4)
-    assert unit.expand(torch.tensor([0]), {}, full)[0].tolist() == [[0, 1, 2]]
+    assert unit.expand(torch.tensor([0]), {}, full)[0].tolist() == [0, 1, 2]
     full.set(0, TensorDict({"obs": torch.tensor(0), ("next", "done"): torch.tensor([True])}, []))
-    assert unit.expand(torch.tensor([1]), {}, full)[1]["validity_mask"].tolist() == [[True, True, True]]
-    assert unit.expand(torch.tensor([3]), {}, full)[0].tolist() == [[3, 0, 0]]  # row 3 now runs into row 0
+    assert unit.expand(torch.tensor([1]), {}, full)[1]["validity_mask"].tolist() == [True, True, True]
+    assert unit.expand(torch.tensor([3]), {}, full)[0].tolist() == [3, 0, 0]  # row 3 now runs into row 0
 
 
 def test_sequence_valid_steps_never_leave_the_anchor_episode():
@@ -230,9 +231,11 @@ def test_sequence_valid_steps_never_leave_the_anchor_episode():
         episode = torch.cumsum(torch.tensor([0] + done[:-1]), 0)  # episode id of each row
         anchors = torch.randint(n, (16,), generator=gen)
         for boundary in ("pad", "stop"):
-            index, info = Sequence(4, burn_in=1, episode_boundary=boundary).expand(anchors, {}, storage)
-            valid = info["validity_mask"]
-            anchor = info["anchor_index"][:, 0]
+            unit = Sequence(4, burn_in=1, episode_boundary=boundary)
+            index, info = unit.expand(anchors, {}, storage)
+            index, valid = index.view(16, unit.window), info["validity_mask"].view(16, unit.window)
+            anchor = info["anchor_index"].view(16, unit.window)[:, 0]
+            assert anchor.tolist() == anchors.tolist()  # the drawn anchors, even where "stop" moved the window
             same = episode[index] == episode[anchor].unsqueeze(-1)
             assert bool(same[valid].all()), (trial, boundary)
             assert bool((index[:, 1:] >= index[:, :-1]).all())  # time runs forward in a window
@@ -258,7 +261,7 @@ def test_sequence_anchor_priorities_take_the_max_over_valid_steps():
     for key in ("anchor_index", "validity_mask"):
         batch.set(key, info[key])
     # window of anchor 0 is [0, 1, 1(invalid)]: the invalid step's 9 does not count
-    priority = torch.tensor([[1.0, 2.0, 9.0], [3.0, 1.0, 0.5]])
+    priority = torch.tensor([1.0, 2.0, 9.0, 3.0, 1.0, 0.5])
     anchor, per_window = unit.anchor_priorities(batch, priority)
     assert anchor.tolist() == [0, 2] and per_window.tolist() == [2.0, 3.0]
     with pytest.raises(ValueError, match="priority"):
@@ -388,9 +391,9 @@ def test_find_start_stop_traj_orders_streams_then_time():
 
 def test_find_start_stop_traj_refuses_bad_arguments():
     end = torch.tensor([False, True])
-    with pytest.raises(TypeError, match="exactly one"):
+    with pytest.raises(TypeError, match="Exactly one of `trajectory` and `end`.*got neither"):
         find_start_stop_traj(at_capacity=False)
-    with pytest.raises(TypeError, match="exactly one"):
+    with pytest.raises(TypeError, match="Exactly one of `trajectory` and `end`.*got both"):
         find_start_stop_traj(end=end, trajectory=torch.tensor([0, 1]), at_capacity=False)
     with pytest.raises(ValueError, match="`end`"):
         find_start_stop_traj(end=torch.tensor(True), at_capacity=False)
@@ -508,7 +511,7 @@ def test_h5split_and_h5combine_round_trip():
 
 @pytest.mark.extras
 def test_h5_layout_round_trips_through_an_hdf5_file(tmp_path):
-    pytest.importorskip("h5py")
+    require("h5py")
     from tensordict import PersistentTensorDict
 
     hook = TED2Nested()
@@ -602,11 +605,11 @@ def test_sequence_contract_with_a_prioritized_sampler_and_tensordict_batches():
     batch = unit.read(storage, index)
     for key, value in info.items():  # what TensorDictReplayBuffer does with the info
         batch.set(key, value)
-    assert batch.batch_size == torch.Size([4, 4])
-    assert batch["priority_weight"].shape == torch.Size([4, 4])
+    assert batch.batch_size == torch.Size([16])  # B * W records (TorchRL's flat layout)
+    assert batch["priority_weight"].shape == torch.Size([16])
     assert (batch["obs"] == batch["index"]).all()
     anchor, priority = unit.anchor_priorities(batch, batch["obs"].float())
-    assert anchor.shape == priority.shape == torch.Size([4])
+    assert anchor.shape == priority.shape and 1 <= anchor.numel() <= 4  # one per distinct anchor
     sampler.update_priority(anchor, priority + 1, storage=storage)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 
@@ -61,12 +62,19 @@ def observable_state(component):
         state["_buffers"] = [observable_state(rb) for rb in component.buffers]
         return state
     if hasattr(component, "sampler") and hasattr(component, "storage"):  # a buffer
-        return {**component.state_dict(), "_storage": observable_state(component.storage)}
+        try:
+            state = component.state_dict()
+        except TypeError:  # a pytree storage has no state_dict (TorchRL's rule): the other components' states
+            state = {"_sampler": component.sampler.state_dict(), "_writer": component.writer.state_dict()}
+        return {**state, "_storage": observable_state(component.storage)}
     if hasattr(component, "storages"):  # a storage ensemble
         return {"members": [observable_state(s) for s in component.storages],
                 "transforms": [t.state_dict() for t in component.transforms]}
     if hasattr(component, "get") and hasattr(component, "max_size"):  # a storage
-        state = {k: v for k, v in component.state_dict().items() if k != "_storage"}
+        try:
+            state = {k: v for k, v in component.state_dict().items() if k != "_storage"}
+        except TypeError:  # a pytree storage has no state_dict (TorchRL's rule)
+            state = {"max_size": component.max_size, "last_row": component.last_written_row}
         return {**state, "len": len(component), "content": component.get(slice(None)) if len(component) else None}
     return component.state_dict()
 
@@ -151,10 +159,12 @@ def assert_checkpoint_round_trip(component, make_fresh, tmp_path, *, draws: int 
     assert_same_state(observable_state(target), expected, "after a refused loads")
 
     if hasattr(component, "sample") and getattr(component, "batch_size", None):
-        for i in range(draws):  # seeded twice: buffers without a generator draw from torch's global one
-            torch.manual_seed(1000 + i)
+        for i in range(draws):  # seeded twice: buffers without a generator draw from torch's global one (numpy's
+            torch.manual_seed(1000 + i)  # for a PrioritizedSampler, as TorchRL's)
+            np.random.seed(1000 + i)
             drawn = fresh.sample()
             torch.manual_seed(1000 + i)
+            np.random.seed(1000 + i)
             assert_same_state(drawn, component.sample(), f"draw {i}")
     return target
 

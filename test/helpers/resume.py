@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -101,14 +102,20 @@ def _prioritized(cfg: dict, rb):
     return rb if cfg["sampler"] == "prioritized" else None
 
 
+def _seed(seed: int) -> None:
+    """Seeds torch's and numpy's global generators (a PrioritizedSampler without a generator draws from numpy's)."""
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+
+
 def uninterrupted_run(cfg: dict) -> list[torch.Tensor]:
-    torch.manual_seed(0)
+    _seed(0)
     rb = noisy_buffer(cfg["sampler"], generator=cfg.get("generator", False))
     return consume(_rb_loader(cfg, rb), cfg["total"], rb=_prioritized(cfg, rb))
 
 
 def first_half(cfg: dict, path: str) -> list[torch.Tensor]:
-    torch.manual_seed(0)
+    _seed(0)
     rb = noisy_buffer(cfg["sampler"], generator=cfg.get("generator", False))
     loader = _rb_loader(cfg, rb)
 
@@ -120,7 +127,7 @@ def first_half(cfg: dict, path: str) -> list[torch.Tensor]:
 
 def second_half(cfg: dict, path: str, out: str) -> None:
     """The resumed half, meant to run in a new process: an empty buffer and a fresh loader, then the rest."""
-    torch.manual_seed(1234)  # another seed: everything that matters must come from the checkpoint
+    _seed(1234)  # another seed: everything that matters must come from the checkpoint
     rb = noisy_buffer(cfg["sampler"], fill=False, generator=cfg.get("generator", False))
     if not cfg.get("storage_dataset"):  # one call, the dataset (and its shared sampler) built before the load
         loader = _rb_loader(cfg, rb)
