@@ -5,10 +5,12 @@ Markers (registered in pyproject.toml, ``--strict-markers`` rejects any other):
 - ``slow``: minutes rather than seconds; CI and the README's test command deselect them (``-m "not slow"``).
 - ``multiprocess``: starts worker processes; give each such test a DataLoader ``timeout`` or a
   ``@pytest.mark.timeout(...)`` so that a deadlock fails fast.
-- ``extras``: needs an optional integration (``datasets``, ``transformers``, ``trl``, ``gymnasium``, ``ray``, ``torchdata``, ``h5py``...). Each such
-  test calls ``pytest.importorskip("<package>")`` itself (at module level or in the test), so a machine without
-  the extra reports it as skipped, with the missing package as the reason, and never fails on it. CI installs
-  every extra (``.ci/run``), so they run there.
+- ``extras``: needs an optional integration (``datasets``, ``transformers``, ``trl``, ``gymnasium``, ``ray``,
+  ``torchdata``, ``h5py``...). Each such test calls ``helpers.extras.require("<package>")`` itself (at module
+  level or in the test), so a machine without the extra reports it as skipped, naming the extra to install, and
+  never fails on it. The README's test command installs every extra the tests use (the ``tests`` extra pulls
+  them in) and CI runs that command, so they run there. ``TORCHRL_TEST_WITHOUT_EXTRAS=h5,hf`` hides the packages
+  of those extras, to check the skips on a machine that has them.
 
 Fixtures:
 
@@ -39,6 +41,11 @@ import torch
 # Set before any test module imports them (they read these at import time); subprocesses inherit them.
 for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
     os.environ.setdefault(_name, "1")
+
+if os.environ.get("TORCHRL_TEST_WITHOUT_EXTRAS"):
+    from helpers.extras import HiddenPackages
+
+    HiddenPackages(os.environ["TORCHRL_TEST_WITHOUT_EXTRAS"].split(",")).install()
 
 
 @pytest.fixture

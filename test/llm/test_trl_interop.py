@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.extras import require
 from helpers.factories import make_storage
 from tensordict import TensorDict
 from torch.utils.data import DataLoader, IterableDataset
@@ -382,7 +383,7 @@ def offline(monkeypatch):
 
 def tiny_lm(n_positions: int = 16):
     """A randomly initialised one-layer GPT-2 over the tokenizer's vocabulary (no download)."""
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=n_positions,
                                      pad_token_id=0, bos_token_id=1, eos_token_id=1)
@@ -391,8 +392,8 @@ def tiny_lm(n_positions: int = 16):
 
 def tiny_tokenizer():
     """A word-level tokenizer over ``<pad> <eos> <unk> w0 .. w60`` (ids 0 .. 63), built in memory."""
-    tokenizers = pytest.importorskip("tokenizers")
-    transformers = pytest.importorskip("transformers")
+    tokenizers = require("tokenizers")
+    transformers = require("transformers")
     vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{f"w{i}": i + 3 for i in range(VOCAB - 3)}}
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
@@ -439,7 +440,7 @@ def train_args(cls, tmp_path, **kwargs):
 
 @pytest.mark.extras
 def test_as_hf_dataset_is_a_datasets_iterable_dataset():
-    datasets = pytest.importorskip("datasets")
+    datasets = require("datasets")
     rb = id_buffer("list", prompt=True)
     hf = TorchRLBufferDataset(rb, 4, num_batches=2).as_hf_dataset()
 
@@ -456,7 +457,7 @@ def test_as_hf_dataset_is_a_datasets_iterable_dataset():
 
 @pytest.mark.extras
 def test_as_hf_dataset_of_a_buffer_holding_shared_memory_data():
-    pytest.importorskip("datasets")
+    require("datasets")
     rb = ReplayBuffer(storage=ListStorage(8), batch_size=2)
     for i in range(4):
         rb.add(id_item(i, prompt=True).share_memory_())
@@ -472,8 +473,8 @@ def test_as_hf_dataset_of_a_buffer_holding_shared_memory_data():
     "padding",
 ])
 def test_transformers_trainer_trains_a_tiny_lm_from_the_dataset(collator, tmp_path, offline):
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
+    transformers = require("transformers")
+    require("accelerate")
     tokenizer = tiny_tokenizer()
     rb = token_buffer(ragged=collator == "padding")
     dataset = TorchRLBufferDataset(rb, 4, num_batches=None)  # the trainer's max_steps bounds the stream
@@ -497,8 +498,8 @@ def test_transformers_trainer_trains_a_tiny_lm_from_the_dataset(collator, tmp_pa
 @pytest.mark.extras
 @pytest.mark.timeout(120)
 def test_trl_sft_trainer_trains_from_as_hf_dataset(tmp_path, offline):
-    pytest.importorskip("datasets")
-    trl = pytest.importorskip("trl")
+    require("datasets")
+    trl = require("trl")
     # already tokenized items: SFTTrainer sees `input_ids` and skips tokenization (it only adds labels)
     hf = TorchRLBufferDataset(token_buffer(), 4, num_batches=None).as_hf_dataset()
     args = train_args(trl.SFTConfig, tmp_path, max_steps=2, per_device_train_batch_size=4, max_length=16,
@@ -514,8 +515,8 @@ def test_trl_sft_trainer_trains_from_as_hf_dataset(tmp_path, offline):
 @pytest.mark.extras
 @pytest.mark.timeout(120)
 def test_trl_grpo_trainer_trains_on_string_prompts_from_as_hf_dataset(tmp_path, offline):
-    pytest.importorskip("datasets")
-    trl = pytest.importorskip("trl")
+    require("datasets")
+    trl = require("trl")
     rb = ReplayBuffer(storage=ListStorage(16), batch_size=4)
     for i in range(16):
         rb.add(TensorDict(prompt=" ".join(f"w{(i + j) % (VOCAB - 3)}" for j in range(4))))

@@ -17,6 +17,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from helpers.extras import require
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_DIR = ROOT / "examples"
@@ -130,7 +131,7 @@ def _smoke_param(entry) -> pytest.param:
 @pytest.mark.parametrize("entry", [_smoke_param(entry) for entry in registry.EXAMPLES])
 def test_registered_example_runs_in_smoke_mode(entry, tmp_path):
     for module in entry.requires:
-        pytest.importorskip(module)
+        require(module)
     args = [arg.replace("{tmp}", str(tmp_path)) for arg in entry.smoke_args]
     proc = _run_example(entry.path, args, cwd=tmp_path, timeout=entry.timeout)
     assert proc.returncode == 0, _failure(proc)
@@ -140,8 +141,8 @@ def test_registered_example_runs_in_smoke_mode(entry, tmp_path):
 @pytest.fixture(scope="module")
 def bc_smoke(tmp_path_factory):
     """One smoke run of the behaviour cloning example: ``(completed process, checkpoint directory)``."""
-    pytest.importorskip("gymnasium")
-    pytest.importorskip("tqdm")
+    require("gymnasium")
+    require("tqdm")
     tmp = tmp_path_factory.mktemp("bc_smoke")
     ckpt = tmp / "ckpt"
     proc = _run_example(BC_EXAMPLE, ["--smoke", "--seed", "3", "--out", str(ckpt)], cwd=tmp, timeout=180)
@@ -152,8 +153,8 @@ def bc_smoke(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bc():
     """The behaviour cloning example imported as a module (its helpers are tested in-process)."""
-    pytest.importorskip("gymnasium")
-    pytest.importorskip("tqdm")
+    require("gymnasium")
+    require("tqdm")
     return _load_module("_torchrl_example_bc", EXAMPLES_DIR / BC_EXAMPLE)
 
 
@@ -170,9 +171,9 @@ def restore_torch_globals():
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_bc_smoke_run_writes_a_checkpoint_that_rlrender_plays_as_a_gif(bc_smoke, tmp_path, capsys):
-    pil_image = pytest.importorskip("PIL.Image")
-    pil_sequence = pytest.importorskip("PIL.ImageSequence")
-    pytest.importorskip("pygame")
+    pil_image = require("PIL.Image")
+    pil_sequence = require("PIL.ImageSequence")
+    require("pygame")
     from torchrl.render.cli import main
 
     _, ckpt = bc_smoke
@@ -212,8 +213,8 @@ def test_bc_smoke_run_prints_returns_and_the_playback_command(bc_smoke):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
 def test_bc_defaults_reach_500_on_every_eval_episode(tmp_path):
-    pytest.importorskip("gymnasium")
-    pytest.importorskip("tqdm")
+    require("gymnasium")
+    require("tqdm")
     args = ["--seed", "0", "--out", str(tmp_path / "ckpt"), "--check-return", "500"]
     proc = _run_example(BC_EXAMPLE, args, cwd=tmp_path, timeout=540)
     assert proc.returncode == 0, _failure(proc)

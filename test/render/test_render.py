@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.extras import require
 from torch import nn
 
 import torchrl
@@ -414,7 +415,7 @@ def _moving_square_frames(count, size=(40, 60)):
 
 @pytest.mark.parametrize("count", [1, 2, 30])
 def test_write_gif_keeps_every_frame_and_its_colors(tmp_path, count):
-    image = pytest.importorskip("PIL.Image")
+    image = require("PIL.Image")
     from PIL import ImageSequence
 
     frames = _moving_square_frames(count)
@@ -428,14 +429,14 @@ def test_write_gif_keeps_every_frame_and_its_colors(tmp_path, count):
 
 
 def test_write_gif_with_frames_of_different_sizes(tmp_path):
-    image = pytest.importorskip("PIL.Image")
+    image = require("PIL.Image")
     frames = _moving_square_frames(2) + _moving_square_frames(1, size=(30, 60))
     with image.open(write_gif(tmp_path / "a.gif", frames, fps=10)) as img:
         assert img.n_frames == 3
 
 
 def test_write_gif_without_frames(tmp_path):
-    pytest.importorskip("PIL.Image")
+    require("PIL.Image")
     with pytest.raises(RenderError, match="no frame"):
         write_gif(tmp_path / "a.gif", [], fps=10)
 
@@ -449,8 +450,8 @@ def _episodes(out):
 
 @pytest.mark.extras
 def test_cli_plays_and_writes_a_gif(cartpole_ckpt, capsys, tmp_path, monkeypatch):
-    pytest.importorskip("gymnasium")
-    image = pytest.importorskip("PIL.Image")
+    require("gymnasium")
+    image = require("PIL.Image")
     from PIL import ImageSequence
 
     monkeypatch.delenv("SDL_VIDEODRIVER", raising=False)
@@ -469,7 +470,7 @@ def test_cli_plays_and_writes_a_gif(cartpole_ckpt, capsys, tmp_path, monkeypatch
 
 @pytest.mark.extras
 def test_cli_is_deterministic_for_a_seed_and_plays_each_episode(cartpole_ckpt, capsys):
-    pytest.importorskip("gymnasium")
+    require("gymnasium")
     args = [cartpole_ckpt, "--episodes", "3", "--seed", "5", "--env", "CartPole-v1"]
     first = _run_cli(args, capsys)
     second = _run_cli(args, capsys)
@@ -484,7 +485,7 @@ def test_cli_is_deterministic_for_a_seed_and_plays_each_episode(cartpole_ckpt, c
 @pytest.mark.extras
 @pytest.mark.parametrize("env_id", ["NoSuchEnv-v0", "CartPole-v99", "nowhere/CartPole-v1"])
 def test_cli_unknown_environment(cartpole_ckpt, capsys, env_id):
-    pytest.importorskip("gymnasium")
+    require("gymnasium")
     code, out, err = _run_cli([cartpole_ckpt, "--env", env_id], capsys)
     assert code == 2 and err.startswith(f"{ERROR_PREFIX} unknown environment id {env_id!r}")
     assert "episode" not in out
@@ -492,7 +493,7 @@ def test_cli_unknown_environment(cartpole_ckpt, capsys, env_id):
 
 @pytest.mark.extras
 def test_cli_unknown_environment_stored_in_the_checkpoint(tmp_path, capsys):
-    pytest.importorskip("gymnasium")
+    require("gymnasium")
     ckpt = save_policy_checkpoint(tmp_path / "ckpt", MLPPolicy(4, 2), env_id="Gone-v3")
     code, _, err = _run_cli([ckpt], capsys)
     assert code == 2 and err.startswith(f"{ERROR_PREFIX} unknown environment id 'Gone-v3'")
@@ -508,7 +509,7 @@ def test_cli_unknown_environment_stored_in_the_checkpoint(tmp_path, capsys):
     ],
 )
 def test_cli_environment_that_does_not_fit_the_policy(tmp_path, capsys, num_actions, env_id, match):
-    pytest.importorskip("gymnasium")
+    require("gymnasium")
     ckpt = save_policy_checkpoint(tmp_path / "ckpt", MLPPolicy(4, num_actions), env_id="CartPole-v1")
     code, _, err = _run_cli([ckpt, "--env", env_id], capsys)
     assert code == 2 and err.startswith(ERROR_PREFIX) and match in err
@@ -516,8 +517,8 @@ def test_cli_environment_that_does_not_fit_the_policy(tmp_path, capsys, num_acti
 
 @pytest.mark.extras
 def test_cli_gif_path_that_cannot_be_written(cartpole_ckpt, capsys, tmp_path):
-    pytest.importorskip("gymnasium")
-    pytest.importorskip("PIL.Image")
+    require("gymnasium")
+    require("PIL.Image")
     (tmp_path / "afile").write_text("x")
     gif = tmp_path / "afile" / "x.gif"  # its parent is a file
     code, _, err = _run_cli([cartpole_ckpt, "--max-steps", "3", "--gif", gif], capsys)
