@@ -1,4 +1,4 @@
-"""Speed of the replay-buffer hot paths on two source trees, measured in one interleaved run (issue 24).
+"""Speed of the replay-buffer hot paths on two source trees, measured in one interleaved run (issues 24, 25).
 
 Usage (on an otherwise idle machine; ``/tmp/rb_before`` a checkout of the code before the change, e.g. made
 with ``git worktree add /tmp/rb_before <rev>``)::
@@ -14,6 +14,8 @@ rows of float fields (``obs: f32[84]``, ``action: f32[4]``, ``reward: f32[1]``, 
 - ``rb.extend(200 rows)``: batches of 200 rows written into a full buffer of the same kind (the ring wraps);
 - ``PER sample + update_priority``: a ``TensorDictPrioritizedReplayBuffer`` (alpha 0.7, beta 0.5) of
   ``--rows`` rows, batch 256: ``rb.sample()`` then ``rb.update_priority(batch["index"], td_error)``;
+- ``SliceSampler sample``: a ``TensorDictReplayBuffer`` over a ``LazyTensorStorage`` of ``--rows`` rows holding
+  episodes of 100 steps (``("next", "done")``), ``SliceSampler(slice_len=32)``, batch 256 (8 slices);
 - ``rb.dumps`` / ``rb.loads``: a ``ReplayBuffer`` over a ``LazyMemmapStorage`` of about ``--memmap-mb`` MiB
   (default 100), dumped into a new directory (``fsync=False`` unless ``--fsync``), and loaded into a fresh
   ``LazyMemmapStorage`` buffer with its own scratch directory; the new directories are removed (untimed)
@@ -47,6 +49,7 @@ OPERATIONS = (
     "rb.sample(), uniform, batch 256",
     "rb.extend(200 rows)",
     "PER sample + update_priority",
+    "SliceSampler sample, 8 x 32",
     "rb.dumps, LazyMemmapStorage",
     "rb.loads, LazyMemmapStorage",
 )
@@ -116,6 +119,22 @@ def _prioritized_step(config: dict) -> float:
     return _fast(step, config)
 
 
+def _slice_sample(config: dict) -> float:
+    import torch
+
+    from torchrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
+
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(config["rows"]), sampler=SliceSampler(slice_len=32),
+                                batch_size=BATCH)
+    for start in range(0, config["rows"], 10_000):
+        rows = _rows(min(10_000, config["rows"] - start))
+        done = torch.zeros(rows.shape[0], 1, dtype=torch.bool)
+        done[99::100] = True
+        rows["next", "done"] = done
+        rb.extend(rows)
+    return _fast(rb.sample, config)
+
+
 def _dumps_loads(config: dict) -> tuple[float, float, int]:
     """Median seconds of ``rb.dumps`` and of ``rb.loads`` of a LazyMemmapStorage buffer, and its bytes."""
     from torchrl.data import LazyMemmapStorage, ReplayBuffer
@@ -154,8 +173,9 @@ def child(config: dict) -> dict:
         OPERATIONS[0]: _uniform_sample(config),
         OPERATIONS[1]: _extend(config),
         OPERATIONS[2]: _prioritized_step(config),
+        OPERATIONS[3]: _slice_sample(config),
     }
-    medians[OPERATIONS[3]], medians[OPERATIONS[4]], nbytes = _dumps_loads(config)
+    medians[OPERATIONS[4]], medians[OPERATIONS[5]], nbytes = _dumps_loads(config)
     return {"torchrl": os.path.dirname(os.path.abspath(torchrl.__file__)), "torch": torch.__version__,
             "memmap_bytes": nbytes, "medians": medians}
 
