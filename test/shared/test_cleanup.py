@@ -329,7 +329,7 @@ def test_stale_dirs_of_dead_processes_are_removed_and_nothing_else(tmp_path, mon
     stale = fake_scratch_dir(tmp_path, dead)
     live_other = fake_scratch_dir(tmp_path, os.getppid())  # a live process that is not this one
     no_marker = fake_scratch_dir(tmp_path, dead, marker=False, suffix="nomark")
-    here = {**_cleanup._identity(), "pid": dead}
+    here = {**_cleanup.process_identity(), "pid": dead}
     wrong_pid = fake_scratch_dir(tmp_path, dead, marker={**here, "pid": dead + 1}, suffix="pid")
     other_host = fake_scratch_dir(tmp_path, dead, marker={**here, "host": "elsewhere"}, suffix="host")
     other_ns = fake_scratch_dir(tmp_path, dead, marker={**here, "pid_ns": "pid:[1]"}, suffix="ns")

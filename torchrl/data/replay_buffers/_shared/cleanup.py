@@ -198,8 +198,9 @@ def _read_text(path: str) -> str | None:
         return None
 
 
-def _identity() -> dict:
-    """What tells whether a pid written in a marker names a process this one can see."""
+def process_identity() -> dict:
+    """What tells whether a pid written in a marker (a scratch directory's, a lock file's) names a process this
+    one can see: the host, the boot and the pid namespace."""
     pid_ns = None
     try:
         pid_ns = os.readlink("/proc/self/ns/pid")
@@ -239,7 +240,7 @@ def _write_marker(directory: str, pid: int, **fields) -> None:
         dir_info, marker_info = os.stat(directory), os.fstat(fd)
         marker = {
             "pid": pid,
-            **_identity(),
+            **process_identity(),
             "dev": dir_info.st_dev,
             "dir_ino": dir_info.st_ino,
             "marker_ino": marker_info.st_ino,
@@ -332,7 +333,7 @@ def cleanup_stale_scratch_dirs(root=None, *, dry_run: bool = False) -> list[str]
             f"`root` must be an existing directory, got {root!r}; pass None for the "
             f"temporary directory ({tempfile.gettempdir()!r})."
         )
-    here, uid, found = _identity(), os.getuid(), []
+    here, uid, found = process_identity(), os.getuid(), []
     for name in sorted(os.listdir(root)):
         match = _NAME.match(name)
         if match is None or int(match.group(1)) > _MAX_PID:

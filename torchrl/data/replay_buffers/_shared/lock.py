@@ -36,7 +36,11 @@ import tempfile
 import threading
 import weakref
 
-from torchrl.data.replay_buffers._shared.cleanup import register_owned_path, remove_owned_path
+from torchrl.data.replay_buffers._shared.cleanup import (
+    process_identity,
+    register_owned_path,
+    remove_owned_path,
+)
 
 __all__ = ["NULL_LOCK", "ProcessLock", "cleanup_stale_lock_files"]
 
@@ -75,23 +79,6 @@ _swept_in_pid: int | None = None  # the process whose first lock swept the stale
 def _lock_dir() -> str:
     shm = "/dev/shm"
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
-
-
-def _read_small(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read(200).strip()
-    except OSError:
-        return None
-
-
-def _namespace() -> dict:
-    """What tells whether a pid written in a lock file names a process this one can see."""
-    try:
-        pid_ns = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        pid_ns = None
-    return {"boot_id": _read_small("/proc/sys/kernel/random/boot_id"), "pid_ns": pid_ns}
 
 
 def _identity(fd: int) -> tuple[int, int]:
@@ -144,7 +131,7 @@ class ProcessLock:
         """Creates the lock file, removed when the lock is dropped, at exit and on SIGTERM."""
         fd, self.path = tempfile.mkstemp(prefix=f"{LOCK_PREFIX}-{os.getpid()}-", dir=_lock_dir())
         try:  # who made it, for cleanup_stale_lock_files (the content plays no part in the locking)
-            os.write(fd, json.dumps({"pid": os.getpid(), **_namespace()}).encode())
+            os.write(fd, json.dumps({"pid": os.getpid(), **process_identity()}).encode())
         except OSError:
             pass
         register_owned_path(self.path)
@@ -444,7 +431,7 @@ def cleanup_stale_lock_files(root=None, *, dry_run: bool = False) -> list[str]:
         raise NotADirectoryError(
             f"`root` must be an existing directory, got {root!r}; pass None for the default ({_lock_dir()!r})."
         )
-    here, uid, candidates = _namespace(), os.getuid(), []
+    here, uid, candidates = process_identity(), os.getuid(), []
     for name in sorted(os.listdir(root)):
         match = _NAME.match(name)
         if match is None:

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, lazy_stack
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_tensor_collection, lazy_stack
 
 import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
 import torchrl.data.replay_buffers.storages._items as _items
@@ -503,6 +503,10 @@ class TensorStorage(Storage):
             }
             td = _items.move_dim(_items.broadcast_leaves(td, shapes, target), position, 0)
             value = self._codec.decode(td)
+        elif is_tensor_collection(value):  # no transpose: a TensorDict of fewer batch dims broadcasts
+            cells = backing[backing_index].batch_size
+            if value.batch_dims < len(cells):
+                value = value.expand(cells)
         self[backing_index] = value
 
     def _write_members(self, cursor, data, single: bool, rows: int) -> tuple[int, int]:
