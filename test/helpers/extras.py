@@ -28,6 +28,8 @@ EXTRA_PACKAGES: dict[str, tuple[str, ...]] = {
     "gym": ("gymnasium", "pygame", "PIL"),
     "progress": ("tqdm",),
     "docs": ("sphinx",),
+    "minari": ("minari",),
+    "numba": ("numba",),
 }
 
 

@@ -38,7 +38,7 @@ _AREAS: dict[str, tuple[str, ...]] = {
         "contains_lazy_spec",
     ),
     _LLM: (
-        "AdaptiveKLController", "ConstantKLController", "ContentBase", "DensifyReward", "History",
+        "AdaptiveKLController", "ConstantKLController", "ContentBase", "History",
         "PairwiseDataset", "PromptData", "PromptTensorDictTokenizer", "RewardData", "RolloutFromModel",
         "TensorDictTokenizer", "TokenizedDatasetLoader", "TopKRewardSelector", "create_infinite_iterator",
         "get_dataloader",
@@ -52,12 +52,7 @@ _AREAS: dict[str, tuple[str, ...]] = {
         "VocabTailActionTokenizer", "clear_video_decoder_cache", "set_video_decoder_cache_size",
         "validate_vla_tensordict",
     ),
-    _RB: (
-        "HERReplayBuffer",
-        "HindsightStrategy", "OfflineToOnlineReplayBuffer",
-        "StoreStorage", "Trajectory", "TrajectoryPredicate", "filter_trajectories", "iter_trajectories",
-        "prefill_replay_buffer", "traj",
-    ),
+    _RB: ("StoreStorage",),
 }  # fmt: skip
 
 #: Each TorchRL ``torchrl.data`` name this package does not provide, and what it is in TorchRL.

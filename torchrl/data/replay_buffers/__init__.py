@@ -11,8 +11,11 @@ from torchrl.data._torchrl_names import REPLAY_BUFFER_NAMES, not_provided_getatt
 from torchrl.data.replay_buffers import (
     checkpointers,
     errors,
+    her,
     hf,
     loading,
+    offline_to_online,
+    query,
     ray_buffer,
     replay_buffers,
     sample_units,
@@ -25,8 +28,11 @@ from torchrl.data.replay_buffers import (
 )
 from torchrl.data.replay_buffers.checkpointers import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.errors import *  # noqa: F401,F403
+from torchrl.data.replay_buffers.her import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.hf import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.loading import *  # noqa: F401,F403
+from torchrl.data.replay_buffers.offline_to_online import *  # noqa: F401,F403
+from torchrl.data.replay_buffers.query import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.ray_buffer import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.replay_buffers import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.sample_units import *  # noqa: F401,F403
@@ -39,7 +45,7 @@ from torchrl.data.replay_buffers.writers import *  # noqa: F401,F403
 
 _PUBLIC_MODULES = (
     storages, samplers, writers, replay_buffers, checkpointers, sample_units, scheduler, utils, training_state,
-    ray_buffer, hf, loading, errors,
+    ray_buffer, hf, loading, errors, her, query, offline_to_online,
 )  # fmt: skip
 __all__ = list(dict.fromkeys(name for module in _PUBLIC_MODULES for name in module.__all__))
 

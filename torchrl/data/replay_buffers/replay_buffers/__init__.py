@@ -4,6 +4,9 @@ from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.conditional_update import ConditionalUpdateResult
 from torchrl.data.replay_buffers.replay_buffers.dataset import ReplayBufferDataset
 from torchrl.data.replay_buffers.replay_buffers.ensemble import ReplayBufferEnsemble
+from torchrl.data.replay_buffers.replay_buffers.rate_limited import *  # noqa: F401,F403
+from torchrl.data.replay_buffers.replay_buffers.rate_limiters import *  # noqa: F401,F403
+from torchrl.data.replay_buffers.replay_buffers import rate_limited, rate_limiters  # noqa: E402
 from torchrl.data.replay_buffers.replay_buffers.prioritized import (
     PrioritizedReplayBuffer,
     TensorDictPrioritizedReplayBuffer,
@@ -20,6 +23,8 @@ __all__ = [
     "RemoteTensorDictReplayBuffer",
     "ConditionalUpdateResult",
     "ReplayBufferDataset",
+    *rate_limited.__all__,
+    *rate_limiters.__all__,
 ]
 
 for _cls in (

@@ -1,0 +1,5 @@
+"""The dataset registry: load_dataset / register_dataset."""
+
+from __future__ import annotations
+
+__all__: list[str] = []
