@@ -26,6 +26,7 @@ from torchrl.data.replay_buffers import (
     utils,
     writers,
 )
+from torchrl.data.replay_buffers.samplers import frame_stack
 from torchrl.data.replay_buffers.checkpointers import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.errors import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.her import *  # noqa: F401,F403
@@ -42,10 +43,12 @@ from torchrl.data.replay_buffers.storages import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.training_state import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.utils import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.writers import *  # noqa: F401,F403
+from torchrl.data.replay_buffers.samplers.frame_stack import *  # noqa: F401,F403
 
 _PUBLIC_MODULES = (
     storages, samplers, writers, replay_buffers, checkpointers, sample_units, scheduler, utils, training_state,
     ray_buffer, hf, loading, errors, her, query, offline_to_online,
+    frame_stack,
 )  # fmt: skip
 __all__ = list(dict.fromkeys(name for module in _PUBLIC_MODULES for name in module.__all__))
 
