@@ -13,6 +13,8 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
+from torchrl.data.postprocs.densify import DensifyReward  # noqa: F401  (TorchRL's path: postprocs.postprocs)
+
 __all__ = ["MultiStep"]
 
 
