@@ -53,6 +53,7 @@ EXAMPLES: tuple[Example, ...] = (
         timeout=480.0,
     ),
     Example("replay-buffers/prioritized_dataloader.py", smoke_args=("--smoke",)),
+    Example("replay-buffers/her_goal_reaching.py", smoke_args=("--smoke",)),
 )
 
 EXCLUDED: tuple[Excluded, ...] = (
