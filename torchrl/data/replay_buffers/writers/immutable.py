@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from torchrl.data.replay_buffers.errors import torchrl_error
 from torchrl.data.replay_buffers.writers.base import Writer
 
 
@@ -16,14 +17,11 @@ class ImmutableDatasetWriter(Writer):
         >>> writer.extend(torch.zeros(2))
         Traceback (most recent call last):
         ...
-        RuntimeError: This buffer is read-only (ImmutableDatasetWriter): ...
+        RuntimeError: This dataset doesn't ...
     """
 
     def _refuse(self):
-        raise RuntimeError(
-            "This buffer is read-only (ImmutableDatasetWriter): it does not accept add/extend/empty. Build a "
-            "buffer with writer=RoundRobinWriter() to write data."
-        )
+        raise torchrl_error("dataset_read_only", cls=type(self).__name__)
 
     def add(self, data):
         self._refuse()
