@@ -2,8 +2,9 @@
 use, works here; ``torchrl.data``'s ``__all__`` is built from the subpackages' (issue 24).
 
 The table lists TorchRL 0.14's names per path (``../shared/reference/torchrl_api_facts.md`` 1.2-1.3); names TorchRL
-has and this package does not provide (HER, trajectory queries, offline-to-online, the Redis storage) raise
-``NotProvidedError``, an ``ImportError`` that says so, and are checked apart.
+has and this package does not provide (the Redis storage) raise ``NotProvidedError``, an ``ImportError`` that says
+so, and are checked apart. The wave-3 names (HER, trajectory queries, offline-to-online, rate limiting, the
+replay-buffer transforms and ``torchrl.data.datasets``) follow ``torchrl_api_facts_wave3.md`` section 0.
 """
 
 from __future__ import annotations
@@ -45,9 +46,14 @@ RB_NAMES = (
     STORAGES + SAMPLERS + WRITERS + BUFFERS + CHECKPOINTERS + TED + SAMPLE_UNITS
     + ("RayReplayBuffer", "ConditionalUpdateResult")
 )
-NOT_PROVIDED = (
-    "filter_trajectories", "iter_trajectories", "traj", "Trajectory", "TrajectoryPredicate", "HERReplayBuffer",
-    "HindsightStrategy", "OfflineToOnlineReplayBuffer", "prefill_replay_buffer",
+HER = ("HERReplayBuffer", "HindsightStrategy")
+QUERY = ("Trajectory", "traj", "TrajectoryPredicate", "iter_trajectories", "filter_trajectories")
+O2O = ("OfflineToOnlineReplayBuffer", "prefill_replay_buffer")
+WAVE3 = HER + QUERY + O2O + ("RateLimitedReplayBuffer",)
+NOT_PROVIDED = ("StoreStorage",)
+DATASETS = (
+    "BaseDatasetExperienceReplay", "MinariExperienceReplay", "D4RLExperienceReplay", "LeRobotExperienceReplay",
+    "lerobot_columns_to_tensordict", "load_dataset", "register_dataset",
 )
 # Our public names beyond TorchRL's, exported from torchrl.data too.
 OURS = (
@@ -58,8 +64,18 @@ OURS = (
 
 RB = "torchrl.data.replay_buffers"
 PATHS = {
-    "torchrl.data": RB_NAMES + SCHEDULERS + OURS + ("MultiStep",),
-    RB: RB_NAMES + SCHEDULERS + OURS,
+    "torchrl.data": RB_NAMES + SCHEDULERS + OURS + WAVE3 + ("MultiStep", "DensifyReward", "MinSize",
+                                                           "SampleToInsertRatio"),
+    RB: RB_NAMES + SCHEDULERS + OURS + HER + QUERY + O2O,
+    f"{RB}.her": HER,
+    f"{RB}.query": QUERY,
+    f"{RB}.offline_to_online": O2O,
+    f"{RB}.replay_buffers.rate_limited": ("RateLimitedReplayBuffer",),
+    "torchrl.data.datasets": DATASETS,
+    "torchrl.data.datasets.utils": ("load_dataset", "register_dataset"),
+    "torchrl.envs": ("MultiStepTransform", "CatFrames"),
+    "torchrl.envs.transforms": ("MultiStepTransform", "NextStateReconstructor", "PolicyAgeFilter", "CatFrames"),
+    "torchrl.envs.transforms.rb_transforms": ("MultiStepTransform", "NextStateReconstructor", "PolicyAgeFilter"),
     f"{RB}.storages": STORAGES + ("DatasetStorage", "_MEMMAP_STORAGE_REGISTRY"),
     f"{RB}.samplers": SAMPLERS + ("StreamingSliceSampler", "EpochEnded"),
     f"{RB}.writers": WRITERS,
@@ -73,7 +89,8 @@ PATHS = {
     f"{RB}.hf": ("export_hf", "import_hf"),
     f"{RB}.loading": ("tensordict_collate",),
     f"{RB}.errors": ("CheckpointError", "TornReadError", "EpochEnded"),
-    "torchrl.data.postprocs": ("MultiStep",),
+    "torchrl.data.postprocs": ("MultiStep", "DensifyReward"),
+    "torchrl.data.postprocs.postprocs": ("MultiStep", "DensifyReward"),
     "torchrl.modules.llm": ("TorchRLBufferDataset",),
 }
 CASES = [(path, name) for path, names in PATHS.items() for name in names]
