@@ -35,11 +35,17 @@ from torchrl.data.replay_buffers.samplers._trajectories import (
     read_column,
     ring_layout,
 )
+from torchrl.data.replay_buffers.samplers._trajectory_sync import (
+    TrajectorySync,
+    read_ring_range,
+    supports_live_index,
+)
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
 
 __all__ = ["SampleUnit", "Transition", "Sequence"]
 
 _BOUNDARIES = ("pad", "stop", "include_reset")
+_NO_POSITIONS = torch.zeros(0, dtype=torch.long)
 
 
 class SampleUnit(abc.ABC):
@@ -174,6 +180,8 @@ class Sequence(SampleUnit):
                 [3, 4, 5]])
     """
 
+    _live: TrajectorySync | None = None
+
     def __init__(
         self,
         length: int,
@@ -192,6 +200,7 @@ class Sequence(SampleUnit):
         self.bootstrap = _check_int("bootstrap", bootstrap, 0)
         self.dilation = _check_int("dilation", dilation, 1)
         self._cache: tuple | None = None  # (weakref to the storage, its write state, TrajectoryIndex)
+        self._live: TrajectorySync | None = None  # NOTE [live trajectory index]; per process, never pickled
 
     @property
     def window(self) -> int:
@@ -224,6 +233,49 @@ class Sequence(SampleUnit):
         )
         self._cache = (weakref.ref(storage), state, episodes)
         return episodes
+
+    def _live_episodes(self, storage):
+        """The incremental episode index of a 1-D CPU tensor storage (NOTE [live trajectory index]), or ``None``
+        where the whole storage is read (``ndim=2``, another device, ``done_key=None``, a layout it cannot
+        follow)."""
+        if self.done_key is None or not supports_live_index(storage):
+            return None
+        live = self._live
+        if live is None:
+            live = self._live = TrajectorySync()
+        source = ((self._checked_done_key(storage),), True)
+        return live.current(storage, source, self._live_values_all, self._live_values_at)
+
+    def _live_values_all(self, storage, source: tuple, n_rows: int) -> torch.Tensor:
+        column = read_column(storage, source[0][0], n_rows)
+        return as_step_values(column, n_rows, 1, name=f"done flags {self.done_key!r}", reduce_any=True)
+
+    @staticmethod
+    def _live_values_at(storage, source: tuple, start: int, k: int):
+        return read_ring_range(storage, source[0], True, start, k, who="Sequence")
+
+    def _bounds_of(self, storage, parts: list[torch.Tensor]):
+        """``(layout, anchor, start, last)``: the flat anchors and the first/last flat steps of their episodes."""
+        live = self._live_episodes(storage)
+        if live is not None:
+            layout = TrajectoryIndex(
+                starts=_NO_POSITIONS, lengths=_NO_POSITIONS, n_rows=live.n_rows, n_cols=1, offset=live.offset, ndim=1
+            )
+            row = parts[0].remainder(live.n_rows)
+            anchor = row if live.offset == 0 else (row - live.offset).remainder(live.n_rows)
+            start, last = live.locate(anchor.numpy())
+            return layout, anchor, torch.from_numpy(start), torch.from_numpy(last)
+        episodes = self._episodes(storage)
+        device = episodes.starts.device
+        n, n_cols = episodes.n_rows, episodes.n_cols
+        row = parts[0].to(device).remainder(n)
+        col = parts[1].to(device).remainder(n_cols) if len(parts) > 1 else torch.zeros_like(row)
+        unrolled = row if episodes.offset == 0 else (row - episodes.offset).remainder(n)
+        anchor = col * n + unrolled  # flat position (see samplers/_trajectories.py)
+        which = torch.searchsorted(episodes.starts, anchor, right=True) - 1
+        start = episodes.starts[which]
+        last = start + episodes.lengths[which] - 1
+        return episodes, anchor, start, last
 
     def _checked_done_key(self, storage):
         """``done_key``, once checked to be stored (TypeError for storages of plain tensors, else KeyError)."""
@@ -284,16 +336,11 @@ class Sequence(SampleUnit):
         """
         self._check_storage(storage)
         parts = self._anchors(index, storage)
-        episodes = self._episodes(storage)
-        device = episodes.starts.device
+        episodes, anchor, start, last = self._bounds_of(storage, parts)
+        device = anchor.device
         n, n_cols = episodes.n_rows, episodes.n_cols
         row = parts[0].to(device).remainder(n)
         col = parts[1].to(device).remainder(n_cols) if len(parts) > 1 else torch.zeros_like(row)
-        unrolled = row if episodes.offset == 0 else (row - episodes.offset).remainder(n)
-        anchor = col * n + unrolled  # flat position (see samplers/_trajectories.py)
-        which = torch.searchsorted(episodes.starts, anchor, right=True) - 1
-        start = episodes.starts[which]
-        last = start + episodes.lengths[which] - 1
         if self.episode_boundary == "include_reset":  # the whole stream, from the oldest to the newest step
             start, last = col * n, col * n + n - 1
         offsets = (torch.arange(self.window, device=device) - self.burn_in) * self.dilation
@@ -389,6 +436,7 @@ class Sequence(SampleUnit):
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_cache"] = None
+        state["_live"] = None
         return state
 
     def __repr__(self) -> str:

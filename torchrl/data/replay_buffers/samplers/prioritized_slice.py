@@ -9,7 +9,6 @@ import torch
 from tensordict import NestedKey
 
 from torchrl.data.replay_buffers.samplers._slice_args import SliceArgs
-from torchrl.data.replay_buffers.samplers.base import check_batch_size
 from torchrl.data.replay_buffers.samplers.prioritized import PrioritizedSampler
 from torchrl.data.replay_buffers.samplers.slice import _BELOW_ONE, SliceSampler, _Boundaries, _Eligible
 
@@ -133,8 +132,41 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
             cached = bounds.extra[key] = (owner, offsets, cells.cpu().numpy())
         return cached
 
+    def _uses_live_index(self) -> bool:
+        # the draw is a cumulative sum over every step that can start a slice (O(N) whatever the index), so
+        # the boundaries come from the cached full read (as before the live index)
+        return False
+
+    def can_sample(self, storage, batch_size: int) -> bool:
+        """Whether :meth:`sample` can draw a batch now: the storage holds steps that can start a slice (see
+        :meth:`SliceSampler.can_sample`) and their priorities are not all zero.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage, PrioritizedSliceSampler
+            >>> storage = LazyTensorStorage(10)
+            >>> sampler = PrioritizedSliceSampler(10, alpha=1.0, beta=1.0, slice_len=2, traj_key="episode")
+            >>> sampler.can_sample(storage, 4)
+            False
+            >>> storage.set(torch.arange(4), TensorDict(episode=torch.zeros(4, dtype=torch.long), batch_size=[4]))
+            >>> sampler.extend(torch.arange(4))
+            >>> sampler.can_sample(storage, 4)
+            True
+        """
+        num_slices, slice_len = self._slice_shape(self._scaled_batch_size(batch_size))
+        n = len(storage)
+        if n == 0 or n > self._capacity:
+            return False
+        bounds = self._boundaries(storage)
+        if not self._can_draw(bounds, num_slices, slice_len):
+            return False
+        _, _, cells = self._start_cells(bounds, self._eligible(bounds, slice_len), slice_len)
+        with self._guard.read(self._repair_state):
+            return bool(self._sum_tree.values[cells].sum() > 0)
+
     def sample(self, storage, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:
-        batch_size = check_batch_size(batch_size)
+        batch_size = self._scaled_batch_size(batch_size)
         num_slices, slice_len = self._slice_shape(batch_size)
         n = len(storage)
         if n > self._capacity:  # the trees hold positions up to the power of two above max_capacity

@@ -15,7 +15,9 @@ from typing import Any
 import torch
 from tensordict import NestedKey
 
+from torchrl._validation import check_positive_int
 from torchrl.data.replay_buffers.errors import torchrl_error
+from torchrl.data.replay_buffers.samplers._entries import flags_at
 from torchrl.data.replay_buffers.samplers._slice_args import SliceArgs
 from torchrl.data.replay_buffers.samplers._stable_items import unstable_items_error
 from torchrl.data.replay_buffers.samplers._trajectories import (
@@ -27,6 +29,16 @@ from torchrl.data.replay_buffers.samplers._trajectories import (
     read_column,
     ring_layout,
     sibling_key,
+)
+from torchrl.data.replay_buffers.samplers._trajectory_index import (
+    LiveEligible,
+    LiveTrajectoryIndex,
+    TrajectoryEnds,
+)
+from torchrl.data.replay_buffers.samplers._trajectory_sync import (
+    TrajectorySync,
+    read_ring_range,
+    supports_live_index,
 )
 from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, check_not_empty
 from torchrl.data.replay_buffers.storages.compressed import CompressedListStorage
@@ -78,18 +90,68 @@ class _Eligible:
     count_float: torch.Tensor  # count, as float64 shrunk by 2**-52 so that floor(u * count_float) < count
     n_float: float  # number of trajectories, shrunk the same way
 
+    @property
+    def size(self) -> int:
+        """The number of trajectories a slice may come from."""
+        return self.starts.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self.starts.device
+
+    def starts_at(self, chosen: torch.Tensor) -> torch.Tensor:
+        """The flat position of the first step of the trajectories ``chosen`` (positions in this table)."""
+        return self.starts.index_select(0, chosen)
+
+    def lengths_at(self, chosen: torch.Tensor) -> torch.Tensor:
+        return self.lengths.index_select(0, chosen)
+
+    def draw(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(chosen, offsets)`` from uniform float64 draws ``u``: the integer part of ``u * size`` picks the
+        trajectory, the fractional part the start offset."""
+        draw = u.mul_(self.n_float)
+        chosen = draw.long()
+        return chosen, self.offsets(chosen, draw.sub_(chosen))
+
+    def offsets(self, chosen: torch.Tensor, frac: torch.Tensor) -> torch.Tensor:
+        """Start offsets (relative to each trajectory's first step) from uniform draws ``frac`` in [0, 1)."""
+        offsets = frac.mul_(self.count_float.index_select(0, chosen)).long()
+        return offsets.add_(self.low) if self.low else offsets
+
 
 @dataclass
 class _Boundaries:
     """What a sampler knows about the storage content, cached between calls when ``cache_values=True``."""
 
     key: tuple
-    index: TrajectoryIndex
+    index: TrajectoryIndex | LiveTrajectoryIndex
     done: torch.Tensor | None  # [cells, 1] stored done flags (row-major cells), or None
     terminated: torch.Tensor | None
     is_init: torch.Tensor | None  # [cells, 1] stored "is_init" flags, or None when not stored
     eligible: dict[int, _Eligible] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)  # what subclasses derive from the boundaries
+    live: TrajectoryEnds | None = None  # the incremental index (NOTE [live trajectory index]), or None
+    storage: Any = None  # with ``live``: the flags below are read from it at the sampled cells
+    flag_keys: dict = field(default_factory=dict)  # with ``live``: "done"/"terminated"/"is_init" -> stored key
+
+    def has_flag(self, name: str) -> bool:
+        """Whether the storage holds the flags ``name`` ("done", "terminated" or "is_init")."""
+        return getattr(self, name) is not None or name in self.flag_keys
+
+    def flag(self, name: str, cells: torch.Tensor) -> torch.Tensor | None:
+        """The stored flags ``name`` at ``cells`` (``[len(cells), 1]`` bool), ``None`` when not stored."""
+        column = getattr(self, name)
+        if column is not None:
+            return column.index_select(0, cells)
+        key = self.flag_keys.get(name)
+        if key is None:
+            return None
+        column = self.storage.get_entry(key)
+        if column is None or column.device.type != "cpu":
+            return flags_at(self.storage, [key], cells, who="SliceSampler")
+        values = column.index_select(0, cells).reshape(cells.numel(), -1)  # one gather, as the stored column
+        flags = values if values.dtype == torch.bool else values != 0
+        return flags if flags.shape[1] == 1 else flags.any(-1, keepdim=True)
 
 
 class SliceSampler(Sampler):
@@ -103,6 +165,15 @@ class SliceSampler(Sampler):
 
     The sampler is stateless (``requires_shared_state = False``): its draws depend only on the storage
     content, its arguments and the generator, so DataLoader workers can each hold a copy.
+
+    On a 1-D tensor storage on the CPU, the trajectory boundaries are an index kept up to date on each write
+    (NOTE [live trajectory index] in ``samplers/_trajectory_index.py``): a write of ``k`` rows at the ring's
+    newest row costs ``O(k)``, wrap-around overwrites included, and a draw does not depend on the number of
+    stored rows. A write the index was not told about (another process, e.g. in a DataLoader worker's copy;
+    ``storage.set`` elsewhere than after the newest row; more rows than the ring holds) rebuilds it from the
+    whole storage, so draws are always those of the stored content. The draws are the same as a search of the
+    whole storage gives, for the same generator state. Other storages (``ndim=2``, lists, accelerators) find
+    the boundaries in the whole storage, cached with ``cache_values``.
 
     Keyword Args:
         num_slices (int, optional): slices per batch; the slice length is ``batch_size // num_slices``.
@@ -128,7 +199,8 @@ class SliceSampler(Sampler):
             Defaults to ``None``.
         trajectories (Tensor, optional): static trajectory ids, as ``ends``. Defaults to ``None``.
         cache_values (bool): keep the trajectory boundaries between calls, until the storage is written again
-            (keyed on the storage's write revision). Defaults to ``False``.
+            (keyed on the storage's write revision). Storages with the live index (see above) keep them
+            whatever its value, updated on writes instead of forgotten. Defaults to ``False``.
         truncated_key (NestedKey, optional): the info entry marking the last step of each slice; its
             ``"done"`` and ``"terminated"`` siblings (the key with its last element replaced, e.g.
             ``("next", "done")`` for the default, ``"done"`` for ``truncated_key="truncated"``) are returned
@@ -166,6 +238,10 @@ class SliceSampler(Sampler):
     ``info["is_init"]`` (``[B, 1]``, bool) is ``True`` on the first step of each slice and where the stored
     ``"is_init"`` is ``True`` (it is returned even with ``truncated_key=None``).
 
+    :attr:`batch_size_multiplier` (``1`` by default; TorchRL's ``_batch_size_multiplier`` is an alias) scales
+    the batch size of :meth:`sample`: ``CatFrames.make_rb_transform_and_sampler`` sets it to ``slice_len`` so
+    that ``rb.sample(B)`` gives ``B`` slices. :meth:`can_sample` says whether a batch can be drawn now.
+
     ``SliceSampler(..., replacement=False)`` returns a :class:`SliceSamplerWithoutReplacement` built with
     the other arguments (see :class:`Sampler`); ``cache_values``, ``pad_output`` and ``span`` are then
     refused with a TypeError, since that class does not take them.
@@ -198,7 +274,12 @@ class SliceSampler(Sampler):
     """
 
     requires_shared_state = False
-    _derived_state = ("_cache",)  # the trajectory boundaries, forgotten at every write (see Sampler)
+    # the from-scratch boundaries, forgotten at every write (see Sampler); the live index (_live) is kept up to
+    # date by the writes instead, and a copy in another process builds its own (see __getstate__)
+    _derived_state = ("_cache",)
+    _live: TrajectorySync | None = None
+    _live_bounds: _Boundaries | None = None
+    _multiplier = 1
 
     def __init__(
         self,
@@ -234,8 +315,51 @@ class SliceSampler(Sampler):
         self.use_gpu = args.use_gpu  # idem
         self._cache: _Boundaries | None = None
         self._templates: dict = {}
+        self._multiplier = 1
+        self._live: TrajectorySync | None = None  # NOTE [live trajectory index]; per process, never pickled
+        self._live_bounds: _Boundaries | None = None
 
     # -- batch layout ----------------------------------------------------------------------------------------
+    @property
+    def batch_size_multiplier(self) -> int:
+        """``sample(storage, batch_size)`` draws ``batch_size * batch_size_multiplier`` steps (``1``: as asked).
+
+        With ``slice_len=N`` and ``batch_size_multiplier=N``, a batch of ``B`` is ``B`` slices of ``N`` steps
+        (what :meth:`CatFrames.make_rb_transform_and_sampler` sets up). Defaults to ``1``.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage, SliceSampler
+            >>> storage = LazyTensorStorage(40)
+            >>> storage.set(torch.arange(40), TensorDict(episode=torch.arange(40) // 10, batch_size=[40]))
+            >>> sampler = SliceSampler(slice_len=4, traj_key="episode")
+            >>> sampler.batch_size_multiplier = 4
+            >>> index, _ = sampler.sample(storage, 3)  # 3 slices of 4 steps
+            >>> index[0].shape
+            torch.Size([12])
+        """
+        return self._multiplier
+
+    @batch_size_multiplier.setter
+    def batch_size_multiplier(self, value: int) -> None:
+        self._multiplier = check_positive_int(
+            "batch_size_multiplier", value, type_error=True, hint="Pass 1 to draw the batch size asked."
+        )
+
+    @property
+    def _batch_size_multiplier(self) -> int:
+        """TorchRL's spelling of :attr:`batch_size_multiplier` (set by ``CatFrames``)."""
+        return self._multiplier
+
+    @_batch_size_multiplier.setter
+    def _batch_size_multiplier(self, value: int) -> None:
+        self.batch_size_multiplier = value
+
+    def _scaled_batch_size(self, batch_size) -> int:
+        """``batch_size`` checked, times :attr:`batch_size_multiplier`."""
+        return check_batch_size(batch_size) * self._multiplier
+
     def _slice_shape(self, batch_size: int) -> tuple[int, int]:
         """``(num_slices, slice_len)`` for a batch."""
         if self.num_slices is not None:
@@ -271,6 +395,10 @@ class SliceSampler(Sampler):
         if self._static is None:  # the trajectories are read from the stored entries
             _check_tensordict_storage(self, storage)
         check_not_empty(storage)
+        if self._static is None and self._uses_live_index() and supports_live_index(storage):
+            bounds = self._live_boundaries(storage)
+            if bounds is not None:
+                return bounds
         key = self._cache_key(storage)
         cache = self._cache
         if cache is not None and cache.key == key:
@@ -314,9 +442,68 @@ class SliceSampler(Sampler):
             f"`ends`/`trajectories` tensors (with cache_values=True)."
         )
 
-    def _find_boundaries(self, storage, key: tuple) -> _Boundaries:
-        n_rows, n_cols, offset, last_row = ring_layout(storage)
+    # -- the live index: NOTE [live trajectory index] in _trajectory_index.py ---------------------------------------
+    def _uses_live_index(self) -> bool:
+        """Whether draws use the incremental index on storages that support it (subclasses may opt out)."""
+        return True
+
+    def _live_boundaries(self, storage) -> _Boundaries | None:
+        """The boundaries from the incremental index, or ``None`` when the storage layout needs a full read."""
         source, is_done = self._resolve_source(storage)
+        source_key = (tuple(source), is_done)
+        live = self._live
+        if live is None:
+            live = self._live = TrajectorySync()
+        index = live.current(storage, source_key, self._live_values_all, self._live_values_at)
+        if index is None:
+            return None
+        key = (id(index), live.revision, index.total)
+        bounds = self._live_bounds
+        if bounds is not None and bounds.key == key and bounds.storage is storage:
+            if self.cache_values:
+                self._cache = bounds
+            return bounds
+        flag_keys = {}
+        if self.truncated_key is not None:
+            done_key, terminated_key = self._info_keys()
+            if has_key(storage, done_key):
+                flag_keys["done"] = done_key
+            if has_key(storage, terminated_key):
+                flag_keys["terminated"] = terminated_key
+        if has_key(storage, self._init_key()):
+            flag_keys["is_init"] = self._init_key()
+        bounds = _Boundaries(
+            key=key,
+            index=LiveTrajectoryIndex(index),
+            done=None,
+            terminated=None,
+            is_init=None,
+            live=index,
+            storage=storage,
+            flag_keys=flag_keys,
+        )
+        self._live_bounds = bounds
+        if self.cache_values:  # the same object the next draws reuse (forgotten at writes, as every cache)
+            self._cache = bounds
+        return bounds
+
+    def _live_values_all(self, storage, source_key: tuple, n_rows: int) -> torch.Tensor:
+        """``[n_rows, 1]``: the done flags or trajectory ids of every filled row (a full read, at rebuilds)."""
+        source, is_done = source_key
+        return self._trajectory_values(storage, list(source), is_done, n_rows, 1)
+
+    def _live_values_at(self, storage, source_key: tuple, start: int, k: int):
+        """The done flags (bool) or trajectory ids of the ``k`` rows from ``start`` (modulo the capacity), 1-D."""
+        source, is_done = source_key
+        return read_ring_range(storage, source, is_done, start, k, who=type(self).__name__)
+
+    def _init_key(self):
+        """The stored entry whose flags mark slice starts in ``info`` (``"is_init"``)."""
+        return _IS_INIT_KEY
+
+    # -- reading the whole storage ---------------------------------------------------------------------------------
+    def _trajectory_values(self, storage, source, is_done: bool, n_rows: int, n_cols: int) -> torch.Tensor:
+        """``[n_rows, n_cols]``: the done flags or trajectory ids of every filled row, from ``source``."""
         if isinstance(source, torch.Tensor):
             name = "`ends` tensor" if is_done else "`trajectories` tensor"
             values = as_step_values(source, n_rows, n_cols, name=name, reduce_any=False)
@@ -331,6 +518,12 @@ class SliceSampler(Sampler):
                 _check_end_signal(read_column(storage, end_key, n_rows), n_rows, n_cols, end_key)
             flags = [self._flags(storage, end_key, n_rows, n_cols) for end_key in source]
             values = torch.stack(flags).any(0).view(n_rows, n_cols)
+        return values
+
+    def _find_boundaries(self, storage, key: tuple) -> _Boundaries:
+        n_rows, n_cols, offset, last_row = ring_layout(storage)
+        source, is_done = self._resolve_source(storage)
+        values = self._trajectory_values(storage, source, is_done, n_rows, n_cols)
         layout = {"n_rows": n_rows, "n_cols": n_cols, "offset": offset, "last_row": last_row}
         index = find_trajectories(values, is_done=is_done, ndim=storage.ndim, **layout)
         done = terminated = is_init = None
@@ -340,8 +533,8 @@ class SliceSampler(Sampler):
                 done = self._flags(storage, done_key, n_rows, n_cols)
             if has_key(storage, terminated_key):
                 terminated = self._flags(storage, terminated_key, n_rows, n_cols)
-        if has_key(storage, _IS_INIT_KEY):
-            is_init = self._flags(storage, _IS_INIT_KEY, n_rows, n_cols)
+        if has_key(storage, self._init_key()):
+            is_init = self._flags(storage, self._init_key(), n_rows, n_cols)
         return _Boundaries(key=key, index=index, done=done, terminated=terminated, is_init=is_init)
 
     def _info_keys(self) -> tuple:
@@ -354,10 +547,17 @@ class SliceSampler(Sampler):
         flags = as_step_values(column, n_rows, n_cols, name=f"entry {key!r}", reduce_any=True)
         return flags.reshape(-1, 1) if flags.dtype == torch.bool else flags.reshape(-1, 1).bool()
 
-    def _eligible(self, bounds: _Boundaries, slice_len: int) -> _Eligible:
+    def _eligible(self, bounds: _Boundaries, slice_len: int) -> _Eligible | LiveEligible:
         """The trajectories a slice of ``slice_len`` steps may come from (cached per length)."""
         elig = bounds.eligible.get(slice_len)
         if elig is not None:
+            return elig
+        if bounds.live is not None:
+            left, right = self._span_steps(slice_len)
+            elig = LiveEligible(bounds.live, slice_len, left, right, self.strict_length)
+            if self.strict_length and not elig.size:
+                self._raise_too_short(elig.all_lengths(), slice_len)
+            bounds.eligible[slice_len] = elig
             return elig
         index = bounds.index
         lengths = index.lengths
@@ -367,12 +567,7 @@ class SliceSampler(Sampler):
             ok = lengths + (left + right) >= slice_len
             if not bool(ok.all()):
                 if not bool(ok.any()):
-                    raise RuntimeError(
-                        f"No trajectory is long enough for slices of `slice_len`={slice_len} with "
-                        f"strict_length=True: the storage holds {lengths.numel()} trajectories of lengths "
-                        f"{format_lengths(lengths)}. Lower the slice length (or raise `num_slices`), pass "
-                        f"strict_length=False to also sample shorter slices, or pass span=True."
-                    )
+                    self._raise_too_short(lengths, slice_len)
                 traj = ok.nonzero().squeeze(-1)
         starts = index.starts if traj is None else index.starts[traj]
         lengths = lengths if traj is None else lengths[traj]
@@ -392,6 +587,15 @@ class SliceSampler(Sampler):
         bounds.eligible[slice_len] = elig
         return elig
 
+    @staticmethod
+    def _raise_too_short(lengths: torch.Tensor, slice_len: int):
+        raise RuntimeError(
+            f"No trajectory is long enough for slices of `slice_len`={slice_len} with "
+            f"strict_length=True: the storage holds {lengths.numel()} trajectories of lengths "
+            f"{format_lengths(lengths)}. Lower the slice length (or raise `num_slices`), pass "
+            f"strict_length=False to also sample shorter slices, or pass span=True."
+        )
+
     # -- drawing ---------------------------------------------------------------------------------------------
     def _uniform(self, size: int, device) -> torch.Tensor:
         """``size`` float64 draws in ``[0, 1)`` from the sampler's generator (or torch's global one)."""
@@ -407,15 +611,12 @@ class SliceSampler(Sampler):
         One float64 draw per slice gives both: its integer part (scaled by the number of trajectories) picks
         the trajectory, its fractional part the start offset.
         """
-        draw = self._uniform(num_slices, elig.starts.device).mul_(elig.n_float)
-        chosen = draw.long()
-        return chosen, self._offsets(elig, chosen, draw.sub_(chosen))
+        return elig.draw(self._uniform(num_slices, elig.device))
 
     @staticmethod
-    def _offsets(elig: _Eligible, chosen: torch.Tensor, frac: torch.Tensor) -> torch.Tensor:
+    def _offsets(elig: _Eligible | LiveEligible, chosen: torch.Tensor, frac: torch.Tensor) -> torch.Tensor:
         """Start offsets (relative to each trajectory's first step) from uniform draws ``frac`` in [0, 1)."""
-        offsets = frac.mul_(elig.count_float.index_select(0, chosen)).long()
-        return offsets.add_(elig.low) if elig.low else offsets
+        return elig.offsets(chosen, frac)
 
     def _steps(self, num_slices: int, slice_len: int, device) -> tuple[torch.Tensor, ...]:
         """``arange(slice_len)`` and the ``[B, 1]`` last-step and first-step flags of full slices (cached).
@@ -437,7 +638,10 @@ class SliceSampler(Sampler):
         return not self.pad_output and not self.strict_length
 
     def sample(self, storage, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:
-        batch_size = check_batch_size(batch_size)
+        return self._sample_steps(storage, self._scaled_batch_size(batch_size))
+
+    def _sample_steps(self, storage, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:
+        """:meth:`sample` of ``batch_size`` steps (:attr:`batch_size_multiplier` already applied)."""
         num_slices, slice_len = self._slice_shape(batch_size)
         bounds = self._boundaries(storage)
         elig = self._eligible(bounds, slice_len)
@@ -460,7 +664,7 @@ class SliceSampler(Sampler):
         info: dict = {}
         num_slices = chosen.numel()
         steps, last, first = self._steps(num_slices, slice_len, chosen.device)
-        traj_starts = elig.starts.index_select(0, chosen)
+        traj_starts = elig.starts_at(chosen)
         real = None
         if self.strict_length and self.span == (False, False):  # every slice lies inside its trajectory
             flat = (traj_starts.add_(offsets).unsqueeze_(-1) + steps).view(-1)
@@ -469,7 +673,7 @@ class SliceSampler(Sampler):
                 info[key] = value.repeat_interleave(slice_len)
         else:
             within = offsets.unsqueeze(-1) + steps  # [S, L] offsets inside each trajectory
-            last_step = elig.lengths.index_select(0, chosen).unsqueeze(-1) - 1
+            last_step = elig.lengths_at(chosen).unsqueeze(-1) - 1
             clamped = torch.minimum(within.clamp_min(0), last_step)
             real = clamped == within
             # with padding, only the last real step is truncated (as TorchRL), not the repeats padding it
@@ -480,7 +684,7 @@ class SliceSampler(Sampler):
                 value = value.unsqueeze(-1).expand(-1, slice_len)
                 info[key] = value[real] if drop else value.reshape(-1)
             if drop:
-                if bounds.is_init is not None:  # a slice now starts at its first step inside the trajectory
+                if bounds.has_flag("is_init"):  # a slice now starts at its first step inside the trajectory
                     first = ((real.cumsum(1) == 1) & real)[real].unsqueeze(-1)
                 flat, truncated, real = flat[real], truncated[real], None
             else:
@@ -488,23 +692,77 @@ class SliceSampler(Sampler):
             truncated = truncated.unsqueeze(-1)
         index, cells = bounds.index.storage_index(flat)
         if self.truncated_key is not None:
-            if bounds.done is None:
-                done = truncated.clone()
-            else:
-                done = bounds.done.index_select(0, cells).logical_or_(truncated)
-            if bounds.terminated is None:
+            done = bounds.flag("done", cells)
+            done = truncated.clone() if done is None else done.logical_or_(truncated)
+            terminated = bounds.flag("terminated", cells)
+            if terminated is None:
                 terminated = torch.zeros_like(truncated)
-            else:
-                terminated = bounds.terminated.index_select(0, cells)
             done_key, terminated_key = self._info_keys()
             info[self.truncated_key] = truncated
             info[done_key] = done
             info[terminated_key] = terminated
-        if bounds.is_init is not None:  # a slice starts a sequence, as a stored trajectory start does
-            info[_IS_INIT_KEY] = bounds.is_init.index_select(0, cells).logical_or_(first)
+        is_init = bounds.flag("is_init", cells)
+        if is_init is not None:  # a slice starts a sequence, as a stored trajectory start does
+            info[_IS_INIT_KEY] = is_init.logical_or_(first)
         if self.pad_output and real is not None and not bool(real.all()):  # only when something is padded
             info[_MASK_KEY] = real.view(-1)
         return index, info
+
+    # -- writes and readiness --------------------------------------------------------------------------------
+    def mark_update(self, index, *, storage=None) -> None:
+        """Called by the buffer after ``index`` was written to ``storage``: the live index logs the write and
+        applies it at the next draw (NOTE [live trajectory index])."""
+        Sampler.mark_update(self, index, storage=storage)  # not super(): subclasses call each base explicitly
+        live = self._live
+        if live is not None:
+            live.note_write(index, storage)
+
+    def _empty(self) -> None:
+        Sampler._empty(self)  # not super(): subclasses call each base explicitly
+        if self._live is not None:
+            self._live.reset()
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_live"] = state["_live_bounds"] = None  # per process: a copy builds its own from its storage
+        return state
+
+    def can_sample(self, storage, batch_size: int) -> bool:
+        """Whether :meth:`sample` can draw a batch of ``batch_size`` from ``storage`` now.
+
+        ``False`` when the storage is empty or, with ``strict_length=True``, when no trajectory holds a full
+        slice (with its span); the checks of :meth:`sample` on the arguments (``batch_size`` not divisible into
+        slices, a storage the sampler cannot read, no trajectory entry) raise as :meth:`sample` does.
+
+        Args:
+            storage (Storage): the storage to draw from.
+            batch_size (int): the batch size (before :attr:`batch_size_multiplier`).
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage, SliceSampler
+            >>> storage = LazyTensorStorage(100)
+            >>> sampler = SliceSampler(slice_len=8, traj_key="episode")
+            >>> sampler.can_sample(storage, 16)
+            False
+            >>> storage.set(torch.arange(12), TensorDict(episode=torch.arange(12) // 6, batch_size=[12]))
+            >>> sampler.can_sample(storage, 16)  # two trajectories of 6 steps: too short for 8
+            False
+            >>> SliceSampler(slice_len=4, traj_key="episode").can_sample(storage, 16)
+            True
+        """
+        num_slices, slice_len = self._slice_shape(self._scaled_batch_size(batch_size))
+        if len(storage) == 0:
+            return False
+        return self._can_draw(self._boundaries(storage), num_slices, slice_len)
+
+    def _can_draw(self, bounds: _Boundaries, num_slices: int, slice_len: int) -> bool:
+        """Whether the boundaries hold enough trajectories for ``num_slices`` slices of ``slice_len`` steps."""
+        try:
+            return self._eligible(bounds, slice_len).size > 0
+        except RuntimeError:  # no trajectory long enough (strict_length=True)
+            return False
 
     # -- repr ------------------------------------------------------------------------------------------------
     def _repr_fields(self) -> list[str]:

@@ -86,15 +86,23 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
 
     def _draw_slices(self, elig: _Eligible, num_slices: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The next ``num_slices`` trajectories of the epoch, and a uniform start in each."""
-        n = elig.starts.numel()
+        n = elig.size
         if self.drop_last and n < num_slices:
             raise ValueError(
                 f"The storage holds {n} trajectories that can give a slice, fewer than the {num_slices} "
                 f"slices of a batch, and `drop_last`=True drops every batch. Lower `num_slices` (or the "
                 f"batch size) or pass drop_last=False."
             )
-        chosen = self._next_in_epoch(n, num_slices).to(elig.starts.device)
+        chosen = self._next_in_epoch(n, num_slices).to(elig.device)
         return chosen, self._offsets(elig, chosen, self._uniform(chosen.numel(), chosen.device))
+
+    def _can_draw(self, bounds, num_slices: int, slice_len: int) -> bool:
+        # with drop_last, a batch needs num_slices distinct trajectories
+        try:
+            n = self._eligible(bounds, slice_len).size
+        except RuntimeError:  # no trajectory long enough (strict_length=True)
+            return False
+        return n >= num_slices if self.drop_last else n > 0
 
     def _empty(self) -> None:
         SliceSampler._empty(self)

@@ -19,7 +19,7 @@ from torchrl.data.replay_buffers.samplers._entries import flags_at, values_at
 from torchrl.data.replay_buffers.samplers._slice_args import SliceArgs
 from torchrl.data.replay_buffers.samplers._streaming_windows import WindowQueue
 from torchrl.data.replay_buffers.samplers._trajectories import has_key, normalize_key
-from torchrl.data.replay_buffers.samplers.base import check_batch_size, check_not_empty
+from torchrl.data.replay_buffers.samplers.base import check_not_empty
 from torchrl.data.replay_buffers.samplers.slice import SliceSampler, _check_tensordict_storage
 
 _DONE_KEY = ("next", "done")  # the default end key
@@ -203,7 +203,7 @@ class StreamingSliceSampler(SliceSampler):
         return self._queue.size
 
     def sample(self, storage, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:
-        batch_size = check_batch_size(batch_size)
+        batch_size = self._scaled_batch_size(batch_size)
         num_slices, slice_len = self._slice_shape(batch_size)
         self._check_ndim(storage)
         _check_tensordict_storage(self, storage)
@@ -223,19 +223,39 @@ class StreamingSliceSampler(SliceSampler):
             return parts[0]
         return _merge(parts)
 
+    def can_sample(self, storage, batch_size: int) -> bool:
+        """Whether :meth:`sample` can draw a batch now: enough queued windows, or uniform slices to fill it
+        (see :meth:`SliceSampler.can_sample`; the rows written since the last draw are cut into windows first).
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage, StreamingSliceSampler
+            >>> storage = LazyTensorStorage(100)
+            >>> sampler = StreamingSliceSampler(slice_len=4, traj_key="episode")
+            >>> sampler.can_sample(storage, 8)
+            False
+            >>> storage.set(torch.arange(8), TensorDict(episode=torch.zeros(8, dtype=torch.long), batch_size=[8]))
+            >>> sampler.mark_update(torch.arange(8), storage=storage)
+            >>> sampler.can_sample(storage, 8)
+            True
+        """
+        num_slices, _ = self._slice_shape(self._scaled_batch_size(batch_size))
+        self._check_ndim(storage)
+        if len(storage) == 0:
+            return False
+        _check_tensordict_storage(self, storage)
+        self._cut_log(storage)
+        return self.queued >= num_slices or super().can_sample(storage, batch_size)
+
     def _uniform_slices(self, storage, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:
-        index, info = super().sample(storage, batch_size)
+        index, info = self._sample_steps(storage, batch_size)
         if self.init_key != _SLICE_INIT_KEY and _SLICE_INIT_KEY in info:
             info[self.init_key] = info.pop(_SLICE_INIT_KEY)
         return index, info
 
-    def _find_boundaries(self, storage, key: tuple):
-        bounds = super()._find_boundaries(storage, key)
-        if self.init_key != _SLICE_INIT_KEY:  # read the slice-start flags from init_key instead
-            n_rows, n_cols = bounds.index.n_rows, bounds.index.n_cols
-            has = has_key(storage, self.init_key)
-            bounds.is_init = self._flags(storage, self.init_key, n_rows, n_cols) if has else None
-        return bounds
+    def _init_key(self):
+        return self.init_key  # the uniform fallback reads the slice-start flags from init_key
 
     def _served(self, storage, rows: torch.Tensor, lengths: torch.Tensor) -> tuple[tuple[torch.Tensor], dict]:
         """Index and info of queued windows ``rows`` (``[k, L]``, padded after ``lengths`` steps)."""
