@@ -30,6 +30,7 @@ EXTRA_PACKAGES: dict[str, tuple[str, ...]] = {
     "docs": ("sphinx",),
     "minari": ("minari",),
     "numba": ("numba",),
+    "video": ("av",),
 }
 
 

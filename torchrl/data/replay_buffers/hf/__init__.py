@@ -3,7 +3,10 @@
 - ``export``: a buffer or storage written as a ``datasets`` directory, streamed and switched in atomically;
 - ``importer``: a ``datasets.Dataset`` (or a saved directory) read back into a storage, validated first;
 - ``columns``: stored entries <-> Arrow columns (dtypes, shapes, nested keys);
-- ``layouts``: the column layouts (``"flat"``, ``"lerobot"``).
+- ``layouts``: the column layouts (``"flat"``, ``"trajectories"``, ``"lerobot"``);
+- ``reader``: the plan of an import (which column becomes which key), for exports, LeRobot and other datasets;
+- ``lerobot`` / ``lerobot_reader`` / ``lerobot_frames``: the LeRobot v3.0 file set written, read, and served
+  frame by frame (:class:`~torchrl.data.DatasetStorage` over a LeRobot directory).
 
 ``datasets`` is imported on use only.
 """

@@ -31,6 +31,7 @@ from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor, is_tensorc
 import torchrl.data.replay_buffers._checkpoint.fs as _fs
 import torchrl.data.replay_buffers.hf.columns as _cols
 import torchrl.data.replay_buffers.hf.layouts as _layouts
+import torchrl.data.replay_buffers.hf.lerobot as _lerobot
 from torchrl._files import fsync_file, write_new_file
 from torchrl.data.replay_buffers._shared.cleanup import make_scratch_dir
 from torchrl.data.replay_buffers.hf.columns import (
@@ -164,6 +165,8 @@ def _plan(first, items_all, layout: str, exclude, traj_key, end_key) -> tuple[li
             shape = next(iter(shapes[key]))
             row = _layouts.lerobot_row_shape(key, shape) if layout == "lerobot" else None
             specs.append(_cols.plan_fixed(column, key, dtype, shape, row))
+    if layout == "lerobot":
+        _check_lerobot_encodings(specs)
     specs += _derived_specs(layout)
     _check_unique([s["column"] for s in specs] + [s["column"] + _cols.SHAPE_SUFFIX for s in specs
                                                     if s["encoding"] == "ragged"])  # fmt: skip
@@ -184,11 +187,20 @@ def _plan(first, items_all, layout: str, exclude, traj_key, end_key) -> tuple[li
 def _derived_specs(layout: str) -> list[dict]:
     if layout == "flat":
         return []
-    names = ["episode_index", "frame_index"] + (["index", "task_index"] if layout == "lerobot" else [])
-    specs = [_cols.plan_fixed(name, None, torch.int64, []) for name in names]
-    if layout == "lerobot":
-        specs.append(_cols.plan_fixed("timestamp", None, torch.float32, []))
-    return specs
+    if layout == "lerobot":  # LeRobot's columns, in its order
+        return [_cols.plan_fixed(name, None, _cols.TORCH_DTYPES[dtype], []) for name, dtype in _lerobot.DERIVED_FEATURES]
+    return [_cols.plan_fixed(name, None, torch.int64, []) for name in ("episode_index", "frame_index")]
+
+
+def _check_lerobot_encodings(specs: list[dict]) -> None:
+    for spec in specs:
+        if spec["encoding"] not in ("value", "list", "array"):
+            shape = "items of different shapes" if spec["shape"] is None else f"items of shape {spec['shape']}"
+            raise ValueError(
+                f"Entry {tuple(spec['key'])!r} holds {shape}, which a LeRobot feature cannot hold (a LeRobot "
+                f"feature has one shape of 1 to 5 non-empty dims). Leave it out with "
+                f"`exclude_keys=[{tuple(spec['key'])!r}]`, reshape it, or use layout='trajectories'."
+            )
 
 
 def _check_unique(columns: list[str]) -> None:
@@ -202,7 +214,8 @@ def _check_unique(columns: list[str]) -> None:
 
 
 # -- writing ----------------------------------------------------------------------------------------------------
-def _chunk_arrays(chunk, specs, schema, exclude, counter, traj_end, start: int, fps: float) -> list:
+def _chunk_arrays(chunk, specs, schema, exclude, counter, traj_end, start: int, fps: float,
+                  task_index: torch.Tensor | None = None) -> list:
     """The Arrow arrays of one chunk (``chunk``: a TensorDict batch or a list of items), in ``specs`` order."""
     if isinstance(chunk, list):
         per_item = [_leaves(item, exclude) for item in chunk]
@@ -225,7 +238,8 @@ def _chunk_arrays(chunk, specs, schema, exclude, counter, traj_end, start: int, 
 
         episode, frame = counter.update(column_of(end), column_of(traj), n)
         derived = {"episode_index": episode, "frame_index": frame, "index": torch.arange(start, start + n),
-                   "task_index": torch.zeros(n, dtype=torch.long), "timestamp": frame.float() / fps}  # fmt: skip
+                   "task_index": torch.zeros(n, dtype=torch.long) if task_index is None else task_index,
+                   "timestamp": (frame.double() / fps).float()}  # fmt: skip
     arrays = []
     for spec in specs:
         column = spec["column"]
@@ -273,12 +287,29 @@ def export_hf(
     end_key=None,
     fps: float = 1.0,
     chunk_bytes: int = 64 << 20,
-    shard_bytes: int = 500 << 20,
+    shard_bytes: int | None = None,
     fsync: bool = True,
+    task: str | None = None,
+    task_key=None,
+    names: Mapping | None = None,
+    robot_type: str | None = None,
 ):
     """Writes the items of a buffer or storage as a Hugging Face dataset; see :meth:`ReplayBuffer.export_hf
     <torchrl.data.ReplayBuffer.export_hf>` for the arguments. Returns the ``datasets.Dataset`` read back from
     ``path`` (memory-mapped), or, when ``path`` is ``None``, one written to a temporary directory.
+
+    ``layout="lerobot"`` writes the LeRobot v3.0 file set (:mod:`~torchrl.data.replay_buffers.hf.lerobot`), which
+    ``lerobot.datasets.lerobot_dataset.LeRobotDataset(repo_id, root=path)`` opens, plus ``torchrl_export.json``
+    (so that :meth:`ReplayBuffer.from_hf <torchrl.data.ReplayBuffer.from_hf>` gives back the stored keys); its
+    parquet frames are returned read into memory. Its extra keyword arguments:
+
+    - ``task`` (str): the task text of every frame; ``task_key``: the string entry holding each frame's task
+      (default: ``"task"`` or ``"language_instruction"`` when stored; pass one of them at most). Without either,
+      every frame has the task ``""`` (LeRobot needs one task).
+    - ``names``: a mapping key (or column) -> list of str, the ``names`` of LeRobot's feature entries (default:
+      image axes for 3-D ``uint8`` entries, else ``null``); ``robot_type``: ``info.json``'s ``robot_type``.
+    - ``shard_bytes`` is the size of a data file (``data_files_size_in_mb``, default 100 MiB, whole episodes per
+      file); ``fps`` must be a whole number (LeRobot stores it as an int).
 
     Examples:
         >>> import torch
@@ -293,11 +324,20 @@ def export_hf(
     datasets = require_datasets()
     layout = _layouts.check_layout(layout)
     exclude = {(k,) if isinstance(k, str) else tuple(k) for k in exclude_keys}
+    if shard_bytes is None:
+        shard_bytes = (100 << 20) if layout == "lerobot" else (500 << 20)
     for name, value in (("chunk_bytes", chunk_bytes), ("shard_bytes", shard_bytes)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"`{name}` must be a positive int (bytes), got {value!r}.")
     if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not fps > 0:
         raise ValueError(f"`fps` must be a positive number (frames per second of the timestamps), got {fps!r}.")
+    if layout == "lerobot":
+        _lerobot.check_lerobot_args(fps, task, task_key, names, robot_type)
+    elif (task, task_key, names, robot_type) != (None, None, None, None):
+        raise ValueError(
+            f"`task`, `task_key`, `names` and `robot_type` describe a LeRobot dataset: pass them with "
+            f"layout='lerobot', not layout={layout!r}."
+        )
     source = getattr(data, "storage", data)
     storage = _source_storage(data, layout)
     n = len(storage)
@@ -312,6 +352,11 @@ def export_hf(
         first = items_all[: len(head)]
     else:
         first, items_all = _as_batch(probe, len(head), kinds), None
+    found_task_key = None
+    if layout == "lerobot":
+        found_task_key = _lerobot.find_task_key(first, task, task_key)
+        if found_task_key is not None:
+            exclude.add(found_task_key)
     specs, batch_sizes, dropped, traj_end = _plan(first, items_all, layout, exclude, traj_key, end_key)
     metadata = {
         "format": FORMAT, "schema_version": SCHEMA_VERSION, "layout": layout, "item": kinds[0], "num_rows": n,
@@ -319,6 +364,9 @@ def export_hf(
         "storage": {"class": type(source).__name__, "ndim": source.ndim},
         "traj_key": traj_end[0], "end_key": traj_end[1], "fps": float(fps),
     }  # fmt: skip
+    if layout == "lerobot":
+        metadata["task_key"] = None if found_task_key is None else list(found_task_key)
+        columns = _lerobot.feature_columns(specs, names)
     features = _cols.features_of(specs)
     row_bytes = max(1, sum(_row_bytes(s, first) for s in specs))
     chunk_rows = max(1, min(n, chunk_bytes // row_bytes))
@@ -326,8 +374,9 @@ def export_hf(
     if dropped:
         warnings.warn(
             f"layout='lerobot' drops the keys {[tuple(k) for k in dropped]} (next observations: the observation of "
-            f"the following frame of the same episode); they are listed in {METADATA_FILE}. Use "
-            f"layout='trajectories' to keep every key.",
+            f"the following frame of the same episode; and entries named like the columns LeRobot derives, "
+            f"{', '.join(_layouts.LEROBOT_DERIVED)}, which the export writes anew); they are listed in "
+            f"{METADATA_FILE}. Use layout='trajectories' to keep every key.",
             UserWarning,
             stacklevel=3,
         )
@@ -345,17 +394,56 @@ def export_hf(
                 if start == 0 and len(first) == stop:
                     return first
                 return _as_batch(storage.get(_positions(order, start, stop)), stop - start, kinds)
-        names, counter = _write_shards(tmp, read, n, specs, features, exclude, layout, traj_end,
-                                       chunk_rows=chunk_rows, shard_rows=shard_rows, fps=fps, fsync=fsync)
-        if counter is not None:
-            metadata["num_episodes"] = len(counter.lengths)
-        _finish_directory(tmp, names, metadata, features, fsync=fsync)
         if layout == "lerobot":
-            _write_lerobot_meta(tmp, specs, counter, n, fps, fsync)
+            episodes = _write_lerobot(tmp, read, n, specs, features, exclude, traj_end, columns, task,
+                                      found_task_key, chunk_rows=chunk_rows, file_bytes=shard_bytes, fps=int(fps),
+                                      robot_type=robot_type, fsync=fsync)  # fmt: skip
+            metadata["num_episodes"] = len(episodes)
+            _write_json(os.path.join(tmp, METADATA_FILE), metadata, fsync)
+        else:
+            names, counter = _write_shards(tmp, read, n, specs, features, exclude, layout, traj_end,
+                                           chunk_rows=chunk_rows, shard_rows=shard_rows, fps=fps, fsync=fsync)
+            if counter is not None:
+                metadata["num_episodes"] = len(counter.lengths)
+            _finish_directory(tmp, names, metadata, features, fsync=fsync)
         write_new_file(os.path.join(tmp, _fs.MARKER), b"", fsync=fsync)
 
     _write_atomically(target, write, fsync=fsync)
+    if layout == "lerobot":
+        from torchrl.data.replay_buffers.hf.lerobot_reader import LeRobotDirectory
+
+        ds = LeRobotDirectory(target).frames()
+        ds.info.description = MARKER + json.dumps(metadata)
+        return ds
     return datasets.load_from_disk(target)
+
+
+def _write_lerobot(tmp, read, n, specs, features, exclude, traj_end, columns, task, task_key, *, chunk_rows: int,
+                   file_bytes: int, fps: int, robot_type, fsync: bool) -> list:
+    """Writes the LeRobot v3.0 file set of the ``n`` rows into ``tmp``; returns the episode table's rows."""
+    schema = _lerobot.storage_schema(features)
+    writer = _lerobot.LeRobotFileWriter(tmp, schema, columns, fps=fps, file_bytes=file_bytes,
+                                        robot_type=robot_type, fsync=fsync)  # fmt: skip
+    counter = _layouts.EpisodeCounter()
+    episode_at = [s["column"] for s in specs].index("episode_index")
+    for start in range(0, n, chunk_rows):
+        stop = min(start + chunk_rows, n)
+        chunk = read(start, stop)
+        tasks = _lerobot.task_strings(chunk, task, task_key, stop - start)
+        task_index = torch.from_numpy(writer.task_indices(tasks))
+        arrays = _chunk_arrays(chunk, specs, features.arrow_schema, exclude, counter, traj_end, start, fps,
+                               task_index)  # fmt: skip
+        arrays = [a.storage if isinstance(a.type, _lerobot.extension_type()) else a for a in arrays]
+        numbers = [_cols.from_arrow(a, s["column"], None, None).numpy() for a, s in zip(arrays, specs)]
+        episode = numbers[episode_at]
+        writer.write(arrays, episode, tasks, numbers)
+    writer.finish()
+    lines = [json.dumps({"episode_index": e["episode_index"], "length": e["to"] - e["from"],
+                         "dataset_from_index": e["from"], "dataset_to_index": e["to"], "tasks": e["tasks"]})
+             for e in writer.episodes]  # fmt: skip
+    # the v2.1 episode list, for readers of that format (LeRobot 0.6 reads meta/episodes/ and ignores it)
+    write_new_file(os.path.join(tmp, "meta", "episodes.jsonl"), ("\n".join(lines) + "\n").encode(), fsync=fsync)
+    return writer.episodes
 
 
 def _finish_directory(tmp: str, names: list[str], metadata: dict, features, *, fsync: bool) -> None:
@@ -398,20 +486,6 @@ def _row_bytes(spec: dict, first) -> int:
 
 def _write_json(path: str, doc, fsync: bool) -> None:
     write_new_file(path, json.dumps(doc, indent=2).encode(), fsync=fsync)
-
-
-def _write_lerobot_meta(tmp: str, specs, counter, n: int, fps: float, fsync: bool) -> None:
-    os.mkdir(os.path.join(tmp, "meta"))
-    features = {s["column"]: {"dtype": s["dtype"], "shape": _cols.row_shape(s) or [1]} for s in specs}
-    info = {"fps": fps, "total_episodes": len(counter.lengths), "total_frames": n, "features": features}
-    _write_json(os.path.join(tmp, "meta", "info.json"), info, fsync)
-    lines = []
-    start = 0
-    for episode, length in enumerate(counter.lengths):
-        lines.append(json.dumps({"episode_index": episode, "length": length, "dataset_from_index": start,
-                                 "dataset_to_index": start + length, "tasks": []}))  # fmt: skip
-        start += length
-    write_new_file(os.path.join(tmp, "meta", "episodes.jsonl"), ("\n".join(lines) + "\n").encode(), fsync=fsync)
 
 
 def _write_atomically(path: str, write, *, fsync: bool) -> None:

@@ -20,8 +20,9 @@ END_KEYS = (("next", "done"), ("next", "truncated"))
 TRAJ_KEYS = (("episode",), ("collector", "traj_ids"))
 #: The TED keys LeRobot names differently (other keys keep their "a.b" name; see `lerobot_column`).
 LEROBOT_NAMES = {("observation",): "observation.state", ("pixels",): "observation.image"}
-#: Flags and rewards that LeRobot stores as one scalar per frame (a trailing [1] dim is dropped).
-_SCALAR_LAST = ("reward", "done", "terminated", "truncated", "success")
+#: The columns LeRobot derives for every frame, and TorchRL's names of two of them (``"episode"``, ``"frame"``,
+#: as an import of a LeRobot dataset names them): a stored entry of that name is dropped (the export writes them).
+LEROBOT_DERIVED = ("timestamp", "frame_index", "episode_index", "index", "task_index", "episode", "frame")
 
 
 def check_layout(layout) -> str:
@@ -46,8 +47,8 @@ def _is_observation(key: tuple[str, ...]) -> bool:
 
 
 def lerobot_column(key: tuple[str, ...]) -> str | None:
-    """The LeRobot column of a TED key; ``None`` for a key the layout drops (the next observation, which is the
-    observation of the following frame in the same episode)."""
+    """The LeRobot column of a TED key; ``None`` for a key the layout drops: the next observation (the
+    observation of the following frame in the same episode) and the columns LeRobot derives (``LEROBOT_DERIVED``)."""
     column_name(key)
     if key in LEROBOT_NAMES:
         return LEROBOT_NAMES[key]
@@ -55,12 +56,16 @@ def lerobot_column(key: tuple[str, ...]) -> str | None:
         return ".".join(key)
     if key[0] == "next" and len(key) > 1 and _is_observation(key[1:]):
         return None
+    if ".".join(key) in LEROBOT_DERIVED:  # the export writes its own (an import of a LeRobot dataset has them)
+        return None
     return ".".join(key)
 
 
 def lerobot_row_shape(key: tuple[str, ...], shape) -> list[int] | None:
-    """The row shape of a LeRobot column when it drops a trailing ``[1]`` (rewards and flags), else ``None``."""
-    if key[-1] in _SCALAR_LAST and list(shape) == [1]:
+    """The row shape of a LeRobot column when it differs from the items' shape, else ``None``: an item of
+    shape ``[1]`` (a reward, a flag, a one-dimensional state) is one scalar per frame, as LeRobot stores every
+    feature of shape ``[1]`` (its reader expects a ``Value`` column there)."""
+    if list(shape) == [1]:
         return []
     return None
 

@@ -17,6 +17,7 @@ sampler):
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from torch.utils.data import Dataset, IterableDataset
@@ -56,6 +57,23 @@ def _check_dataset(dataset) -> int:
     return length
 
 
+def _open_directory(dataset):
+    """A LeRobot directory (``meta/info.json`` with a ``codebase_version``) as its frames; other values as they are."""
+    if not isinstance(dataset, (str, os.PathLike)):
+        return dataset
+    from torchrl.data.replay_buffers.hf.lerobot import is_lerobot_dir
+
+    if not is_lerobot_dir(dataset):
+        raise TypeError(
+            f"`dataset` {os.fspath(dataset)!r} is a path, but not a LeRobot dataset directory (meta/info.json with "
+            f"a codebase_version), the only directory a DatasetStorage opens itself. For a `save_to_disk` "
+            f"directory pass `datasets.load_from_disk(path).with_format('torch')`."
+        )
+    from torchrl.data.replay_buffers.hf.lerobot_frames import LeRobotFrames
+
+    return LeRobotFrames(dataset)
+
+
 def _dataset_name(dataset) -> str:
     cls = type(dataset)
     return f"{cls.__module__}.{cls.__qualname__}"
@@ -83,8 +101,13 @@ class DatasetStorage(Storage):
       about the next draw of ``i``.
 
     Args:
-        dataset (torch.utils.data.Dataset): a map-style dataset with ``__getitem__`` and ``__len__``, holding at
-            least one item. Its length must not change while the storage is used.
+        dataset (torch.utils.data.Dataset, str or path-like): a map-style dataset with ``__getitem__`` and
+            ``__len__``, holding at least one item (its length must not change while the storage is used), or the
+            path of a LeRobot dataset directory (``meta/info.json`` with a ``codebase_version``), read as
+            :class:`~torchrl.data.replay_buffers.hf.lerobot_frames.LeRobotFrames`: its frames with TorchRL's
+            ``LeRobotExperienceReplay`` keys. A LeRobot directory's frames are the same at every read and carry
+            their episode (``"episode"``), so trajectory samplers work on it
+            (``SliceSampler(slice_len=..., traj_key="episode")``).
 
     .. note:: Reads of a dataset whose ``__getitem__`` is stochastic return a new draw every time: reading the
         same index twice (two samples, or a sample and an export) may give different items.
@@ -105,17 +128,20 @@ class DatasetStorage(Storage):
         >>> rb.extend(torch.zeros(2))
         Traceback (most recent call last):
         ...
-        RuntimeError: This buffer is read-only (ImmutableDatasetWriter): ...
+        RuntimeError: This dataset doesn't ...
     """
 
     writable = False
     stable_items = False
 
-    def __init__(self, dataset: Dataset):
+    def __init__(self, dataset: Dataset | str | os.PathLike):
+        dataset = _open_directory(dataset)
         length = _check_dataset(dataset)
         super().__init__(length)
         self.dataset = dataset
         self._length = length
+        # frames read from files (a LeRobot directory) are the same at every read, and carry their episodes
+        self.stable_items = bool(getattr(dataset, "stable_items", False))
 
     # -- reads ----------------------------------------------------------------------------------------------------
     def get(self, index):
