@@ -264,7 +264,7 @@ def test_stats():
     rb.extend(torch.arange(2))
     assert rb.stats() == {
         "size": 2, "write_count": 2, "prefetch_queue_size": 0, "initialized": True, "capacity": 8,
-        "utilization": 0.25,
+        "utilization": 0.25, "sample_calls": 0, "samples_returned": 0, "sampleable_size": 2,
     }  # fmt: skip
     assert "capacity" not in ReplayBuffer(storage=ListStorage()).stats()
 

@@ -368,6 +368,303 @@ TORCHRL_PHRASES: dict[str, TorchRLPhrase] = {
         "shared_init=True with device={device!r} cannot be honored: shared memory lives on the CPU. The storage "
         "is allocated on the CPU, and samples come back on the CPU.",
     ),
+    # offline datasets (torchrl.data.datasets: registry, Minari, D4RL)
+    "dataset_prefix_registered": TorchRLPhrase(
+        KeyError,
+        "already registered. Pass replace=True",
+        "Dataset source {prefix!r} is already registered. Pass replace=True to register_dataset to replace its "
+        "factory ({current}), or choose another prefix.",
+    ),
+    "dataset_id_prefix": TorchRLPhrase(
+        ValueError,
+        "dataset_id must be prefixed with a source identifier",
+        "dataset_id must be prefixed with a source identifier, as in 'minari:<name>', got {dataset_id!r}. Known "
+        "sources: {sources}.",
+    ),
+    "dataset_unknown_source": TorchRLPhrase(
+        ValueError,
+        "Unknown dataset source",
+        "Unknown dataset source {prefix!r} (in dataset_id {dataset_id!r}). Known sources: {sources}; add one with "
+        "register_dataset(prefix, factory).",
+    ),
+    "minari_local_missing": TorchRLPhrase(
+        FileNotFoundError,
+        "does not exist in local Minari cache!",
+        "Dataset {dataset_id!r} does not exist in local Minari cache! Looked in {path} (the directory "
+        "$MINARI_DATASETS_PATH names, else ~/.minari/datasets). Point MINARI_DATASETS_PATH at the directory that "
+        "holds <namespace>/<name>/data/, or pass the right dataset_id.",
+    ),
+    "minari_mismatching_steps": TorchRLPhrase(
+        RuntimeError,
+        "Mismatching number of steps for key",
+        "Mismatching number of steps for key {key!r} in episode {episode} of {source}: {got} entries, expected "
+        "{expected} (one per step, or one more for observations and infos). The dataset file is inconsistent.",
+    ),
+    "d4rl_not_found": TorchRLPhrase(
+        RuntimeError,
+        "The dataset could not be found in",
+        "The dataset could not be found in {path} and download=False. Put the D4RL HDF5 file at {file} (or pass "
+        "path=<file>), or pass download=True to convert a file given with path=.",
+    ),
+    "dataset_read_only": TorchRLPhrase(
+        RuntimeError,
+        "This dataset doesn't allow writing.",
+        "This dataset doesn't allow writing. The buffer is read-only ({cls}): it does not accept "
+        "add/extend/empty. Build the buffer with writer=RoundRobinWriter() to write data.",
+    ),
+    "d4rl_import": TorchRLPhrase(
+        ImportError,
+        "Could not import d4rl",
+        "Could not import d4rl, which {why} needs. This package reads D4RL's HDF5 files without d4rl: pass "
+        "path=<file.hdf5> (or put the file at root/<dataset_id>.hdf5) and from_env=False.",
+    ),
+    # offline-to-online mixing (OfflineToOnlineReplayBuffer, MixedReplayBuffer)
+    "o2o_both_online": TorchRLPhrase(
+        ValueError,
+        "not both.",
+        "Pass online_storage or online_capacity, not both. Got online_storage={storage} and "
+        "online_capacity={capacity!r}: keep online_storage to use that storage, or online_capacity=N for a "
+        "LazyTensorStorage(N).",
+    ),
+    "o2o_no_online": TorchRLPhrase(
+        ValueError,
+        "Provide one of",
+        "Provide one of online_storage (a Storage for the online data) or online_capacity (an int: a "
+        "LazyTensorStorage of that size is built); got neither.",
+    ),
+    "o2o_string_batch_size": TorchRLPhrase(
+        ValueError,
+        "batch_size must be provided when offline_dataset is a string",
+        "batch_size must be provided when offline_dataset is a string (got offline_dataset={dataset!r}): the "
+        "dataset is built by load_dataset(offline_dataset, batch_size=batch_size, **dataset_kwargs). Pass "
+        "batch_size=N.",
+    ),
+    "o2o_dataset_kwargs": TorchRLPhrase(
+        ValueError,
+        "dataset_kwargs are only forwarded when offline_dataset is a string",
+        "dataset_kwargs are only forwarded when offline_dataset is a string (a dataset id for load_dataset); got "
+        "{kwargs} with a {cls}. Build that dataset with these arguments yourself, or pass its id string.",
+    ),
+    "o2o_sample_batch_size": TorchRLPhrase(
+        ValueError,
+        r"batch_size must be provided either in __init__ or sample\(\)",
+        "batch_size must be provided either in __init__ or sample(): this {cls} was built without a batch_size "
+        "and sample() got none. Call sample(batch_size) or build it with batch_size=N.",
+    ),
+    # hindsight relabelling and trajectory queries (HERReplayBuffer, query.py)
+    "her_ratio_range": TorchRLPhrase(
+        ValueError,
+        r"her_ratio must be in \[0, 1\]",
+        "her_ratio must be in [0, 1] (the fraction of each batch relabelled), got {got}. Pass e.g. her_ratio=0.8, "
+        "or 0 to sample without relabelling.",
+    ),
+    "her_missing_keys": TorchRLPhrase(
+        KeyError,
+        "The following keys are not present in storage",
+        "The following keys are not present in storage: {missing}. HERReplayBuffer reads the goal and the "
+        "achieved goal of every stored step: store both entries, or pass the keys that hold them "
+        "(goal_key=..., achieved_goal_key=...).",
+    ),
+    "her_1d_storage": TorchRLPhrase(
+        NotImplementedError,
+        "only supports 1D storages",
+        "HERReplayBuffer only supports 1D storages (episodes along one time dim); got a storage with ndim={ndim}. "
+        "Store transitions in a 1-D storage (e.g. LazyTensorStorage(n), written with rb.extend(td.reshape(-1)) "
+        "after splitting episodes per env), or use storage.flatten().",
+    ),
+    "query_unreduced": TorchRLPhrase(
+        TypeError,
+        r"Call \.any\(\) or \.all\(\)",
+        "{expr} compares each step, not a trajectory: it has one value per step. Call .any() or .all() to "
+        "reduce it to one bool per trajectory, e.g. ({expr}).any().",
+    ),
+    "query_not_tensordict": TorchRLPhrase(
+        TypeError,
+        "expects a TensorDictBase",
+        "{func} expects a TensorDictBase of transitions (one batch dim = time), got {got}. Wrap the data in a "
+        "TensorDict, or query the buffer with rb.query(...).",
+    ),
+    "query_batch_dims": TorchRLPhrase(
+        ValueError,
+        "single batch dimension",
+        "{what} needs data with a single batch dimension (time), got batch_size={batch_size}. Index one "
+        "environment (data[:, i]) or flatten it (data.reshape(-1)) first.",
+    ),
+    "query_no_signal": TorchRLPhrase(
+        KeyError,
+        "Cannot split data into trajectories",
+        "Cannot split data into trajectories: the data has no trajectory id entry ({ids}) and no end-of-episode "
+        "flag ({flags}). Pass trajectory_key= naming the entry that holds trajectory ids, or store done flags.",
+    ),
+    "query_end_flags": TorchRLPhrase(
+        UserWarning,
+        "No trajectory id entry was found; splitting on the end-of-episode flags",
+        "No trajectory id entry was found; splitting on the end-of-episode flags {flags}. Pass trajectory_key= "
+        "(e.g. ('collector', 'traj_ids')) to split on trajectory ids.",
+    ),
+    "query_list_storage_type": TorchRLPhrase(
+        TypeError,
+        "requires a tensordict-backed storage",
+        "ReplayBuffer.query() requires a tensordict-backed storage or a ListStorage of TensorDicts; the stored "
+        "items are {got}. Store TensorDicts (e.g. TensorDictReplayBuffer with LazyTensorStorage).",
+    ),
+    "query_list_storage_batched": TorchRLPhrase(
+        TypeError,
+        r"expects single-transition \(scalar\) items",
+        "ReplayBuffer.query() on a ListStorage expects single-transition (scalar) items, got an item with "
+        "batch_size={batch_size}. Write transitions with rb.extend(td) (one item per step), not whole rollouts "
+        "with rb.add(td).",
+    ),
+    # readiness and rate limiting (issue 27: sample(wait=True), RateLimitedReplayBuffer)
+    "rate_spi_type": TorchRLPhrase(
+        TypeError,
+        "samples_per_insert must be a finite positive number.",
+        "samples_per_insert must be a finite positive number. Got {got}: pass a float > 0 (e.g. 1.0 for one "
+        "sampled record per inserted item).",
+    ),
+    "rate_spi_value": TorchRLPhrase(
+        ValueError,
+        "samples_per_insert must be a finite positive number.",
+        "samples_per_insert must be a finite positive number. Got {got}: pass a float > 0 (e.g. 1.0 for one "
+        "sampled record per inserted item).",
+    ),
+    "rate_service_backend": TorchRLPhrase(
+        ValueError,
+        "does not support service_backend=",
+        "{cls} does not support service_backend={backend!r}: its sample budget is reserved in this process and "
+        "the processes sharing the buffer. Use service_backend='direct' and share the buffer (rb.share(), or "
+        "rb.as_dataset() for DataLoader workers).",
+    ),
+    "rate_shut_down": TorchRLPhrase(
+        RuntimeError,
+        "A shut down replay buffer cannot be sampled.",
+        "A shut down replay buffer cannot be sampled. shutdown() ended the wait; build a new buffer (or load a "
+        "checkpoint into one) to sample again.",
+    ),
+    "rate_cancelled": TorchRLPhrase(
+        RuntimeError,
+        "Replay-buffer sampling was cancelled.",
+        "Replay-buffer sampling was cancelled. The `cancel_event` passed to sample() was set; clear it (or pass "
+        "another one) to sample again.",
+    ),
+    "rate_not_permitted": TorchRLPhrase(
+        RuntimeError,
+        "Replay readiness or the sample-to-insert ratio does not currently permit this sample. Pass wait=True to "
+        "wait.",
+        "Replay readiness or the sample-to-insert ratio does not currently permit this sample. Pass wait=True to "
+        "wait. ({detail})",
+    ),
+    "rate_budget_timeout": TorchRLPhrase(
+        TimeoutError,
+        "Replay buffer did not obtain sample-ratio budget within {timeout} seconds.",
+        "Replay buffer did not obtain sample-ratio budget within {timeout} seconds. The sample side waited; "
+        "{detail}. Write more data (each inserted item pays for samples_per_insert records), pass a larger "
+        "timeout, or timeout=None to wait as long as it takes.",
+    ),
+    # CatFrames (issue 26 item 4: frame stacks rebuilt at sample time)
+    "catframes_dim": TorchRLPhrase(
+        ValueError,
+        "dim must be < 0",
+        "dim must be < 0: CatFrames concatenates frames along a dim of each frame, counted from its end (e.g. "
+        "dim=-3 for [C, H, W] images, dim=-1 for vectors); got dim={dim}.",
+    ),
+    "catframes_unfolding_done": TorchRLPhrase(
+        KeyError,
+        "CatFrames.unfolding requires",
+        "CatFrames.unfolding requires the done entry {key!r} to tell where trajectories start in a batch of "
+        "consecutive steps; the data holds {keys}. Store it, pass `done_key` naming the stored done entry (read "
+        "under 'next'), or pass future=True.",
+    ),
+    # replay-buffer transforms and DensifyReward (issue 26 item 2)
+    "multistep_n_steps": TorchRLPhrase(
+        ValueError,
+        "The value of n_steps must be a strictly positive integer.",
+        "The value of n_steps must be a strictly positive integer. Got n_steps={value!r} ({cls}): pass an int >= 1 "
+        "(the number of steps each transition looks ahead; 1 leaves one-step transitions).",
+    ),
+    "next_state_fill_dtype": TorchRLPhrase(
+        TypeError,
+        "non-floating dtype",
+        "NextStateReconstructor cannot fill ('next', {key!r}), of non-floating dtype {dtype}, with "
+        "fill_value={fill}: pass an integer fill_value (e.g. fill_value=0) for integer entries such as uint8 frames.",
+    ),
+    "next_state_traj_key_missing": TorchRLPhrase(
+        KeyError,
+        "trajectory key",
+        "NextStateReconstructor: the trajectory key {key!r} (`{name}`) is not in the sampled batch. Store the "
+        "trajectory ids there, pass the stored key with `{name}=`, `{name}=None` to skip this check, or "
+        "strict=False to skip it when absent.",
+    ),
+    "next_state_done_key_missing": TorchRLPhrase(
+        KeyError,
+        "done key",
+        "NextStateReconstructor: the done key {key!r} (`{name}`) is not in the sampled batch. Pass the stored done "
+        "entry with `{name}=` (a full key, e.g. ('next', 'done')), `{name}=None` to skip this check, or "
+        "strict=False to skip it when absent.",
+    ),
+    "next_state_step_count_key_missing": TorchRLPhrase(
+        KeyError,
+        "step-count key",
+        "NextStateReconstructor: the step-count key {key!r} (`{name}`) is not in the sampled batch. Pass the stored "
+        "step counter with `{name}=`, `{name}=None` to skip this check, or strict=False to skip it when absent.",
+    ),
+    "policy_lag_negative": TorchRLPhrase(
+        ValueError,
+        "max_policy_lag must be non-negative",
+        "max_policy_lag must be non-negative, got {value!r}: pass 0 to keep the current policy's data only, or the "
+        "largest number of policy versions a row may lag.",
+    ),
+    "policy_version_missing": TorchRLPhrase(
+        KeyError,
+        "PolicyAgeFilter:",
+        "PolicyAgeFilter: the data has no {key!r} entry (strict=True). Write each row's policy version there, "
+        "pass the key that holds it with `policy_version_key=`, or strict=False to let such data through.",
+    ),
+    "densify_shapes": TorchRLPhrase(
+        RuntimeError,
+        "reward and done state are expected to have the same shape",
+        "reward and done state are expected to have the same shape, got reward {reward} and done {done}: store "
+        "both as [..., T, 1] (e.g. done.unsqueeze(-1)), or pass the matching entries with `reward_key=`/`done_key=`.",
+    ),
+    # LeRobot datasets (torchrl.data.datasets.lerobot)
+    "lerobot_slices_both": TorchRLPhrase(
+        ValueError,
+        "num_slices or slice_len can be passed, but not both.",
+        "num_slices or slice_len can be passed, but not both. Got num_slices={num_slices!r} and "
+        "slice_len={slice_len!r}: pass the number of slices per batch or the length of each slice.",
+    ),
+    "lerobot_not_found": TorchRLPhrase(
+        RuntimeError,
+        "Dataset .* not found at",
+        "Dataset {repo_id!r} not found at {path} and download=False. Pass download=True to convert it (from the "
+        "Hub, or from a local LeRobot directory with LeRobotExperienceReplay.from_local(path)).",
+    ),
+    "lerobot_mixed_strings": TorchRLPhrase(
+        ValueError,
+        "mixes strings",
+        "Column {column!r} mixes strings and other values: a column holds one kind of value per frame (all str "
+        "for text, all numbers otherwise).",
+    ),
+    # MultiStep post-processing (issue 26 item 2: TorchRL's MultiStep semantics)
+    "multistep_postproc_n_steps": TorchRLPhrase(
+        ValueError,
+        "n_steps must be a non-negative integer.",
+        "n_steps must be a non-negative integer. Got n_steps={value!r} ({cls}): pass an int >= 1 (the number of "
+        "steps each transition looks ahead; 1 leaves one-step transitions).",
+    ),
+    "multistep_postproc_gamma": TorchRLPhrase(
+        ValueError,
+        "got out-of-bounds gamma decay",
+        "MultiStep got out-of-bounds gamma decay: gamma={value!r}. Pass the discount of one step, a float in "
+        "(0, 1] (e.g. gamma=0.99).",
+    ),
+    "multistep_done_shape": TorchRLPhrase(
+        RuntimeError,
+        r"tensordict shape must be compatible with the done's shape \(trailing singleton dimension excluded\).",
+        "tensordict shape must be compatible with the done's shape (trailing singleton dimension excluded). Got "
+        "done {done} for a batch of size {batch}: store done as [*B, T] or [*B, T, 1], or give every entry the "
+        "leading dims of done.",
+    ),
 }
 
 

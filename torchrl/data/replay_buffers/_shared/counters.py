@@ -74,6 +74,16 @@ class SharedCounters:
     def as_dict(self) -> dict[str, int]:
         return dict(zip(self._names, self._array.tolist()))
 
+    @property
+    def values(self):
+        """The counters as a numpy int64 view of their memory, in the order of the names (for hot paths that
+        update several at once; the caller orders concurrent updates). A new view after :meth:`share_memory_`."""
+        return self._array
+
+    def position(self, name: str) -> int:
+        """The index of counter ``name`` in :attr:`values`."""
+        return self._pos[name]
+
     def load_dict(self, values: dict[str, int]) -> None:
         for name, value in values.items():
             self[name] = value

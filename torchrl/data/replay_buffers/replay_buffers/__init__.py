@@ -1,16 +1,16 @@
 """Replay buffers: storage + writer + sampler + transforms behind one object."""
 
+from torchrl.data.replay_buffers.replay_buffers import rate_limited, rate_limiters  # noqa: E402
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.conditional_update import ConditionalUpdateResult
 from torchrl.data.replay_buffers.replay_buffers.dataset import ReplayBufferDataset
 from torchrl.data.replay_buffers.replay_buffers.ensemble import ReplayBufferEnsemble
-from torchrl.data.replay_buffers.replay_buffers.rate_limited import *  # noqa: F401,F403
-from torchrl.data.replay_buffers.replay_buffers.rate_limiters import *  # noqa: F401,F403
-from torchrl.data.replay_buffers.replay_buffers import rate_limited, rate_limiters  # noqa: E402
 from torchrl.data.replay_buffers.replay_buffers.prioritized import (
     PrioritizedReplayBuffer,
     TensorDictPrioritizedReplayBuffer,
 )
+from torchrl.data.replay_buffers.replay_buffers.rate_limited import *  # noqa: F401,F403
+from torchrl.data.replay_buffers.replay_buffers.rate_limiters import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.replay_buffers.remote import RemoteTensorDictReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.tensordict import TensorDictReplayBuffer
 

@@ -25,6 +25,7 @@ import collections
 import concurrent.futures
 import contextlib
 import copy
+import functools
 import numbers
 import threading
 import weakref
@@ -38,6 +39,7 @@ from tensordict import TensorDictBase, is_tensorclass
 import torchrl.data.replay_buffers.hf.export as _hf_export
 import torchrl.data.replay_buffers.hf.importer as _hf_import
 import torchrl.data.replay_buffers.replay_buffers._prefetch as _prefetch
+import torchrl.data.replay_buffers.replay_buffers._readiness as _readiness
 from torchrl._validation import check_int
 from torchrl.data.replay_buffers._checkpoint.generator_state import generator_from_state, generator_to_state
 from torchrl.data.replay_buffers._checkpoint.parts import (
@@ -53,6 +55,7 @@ from torchrl.data.replay_buffers._shared.counters import is_spawning
 from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
 from torchrl.data.replay_buffers.errors import CheckpointError, torchrl_error, torchrl_warning
 from torchrl.data.replay_buffers.loading.collate import stack_samples
+from torchrl.data.replay_buffers.query import query_replay_buffer
 from torchrl.data.replay_buffers.replay_buffers._checks import (
     built,
     check_compat_keywords,
@@ -76,6 +79,7 @@ from torchrl.data.replay_buffers.replay_buffers.dataset import (
     ReplayBufferDataset,
     unshared_stateful_component,
 )
+from torchrl.data.replay_buffers.replay_buffers.rate_limiters import RateLimiter
 from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
 from torchrl.data.replay_buffers.storages import ListStorage, Storage, TensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter, Writer
@@ -150,6 +154,16 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             ``"auto"`` or ``"ray"`` for a Ray one. Defaults to ``"auto"``.
         transport_options (dict, optional): refused (no transport here takes options). Defaults to ``None``.
         use_ray_service (bool, optional): deprecated (warns): ``True`` means ``service_backend="ray"``.
+        rate_limiter (RateLimiter, optional): a Reverb-style limiter (:class:`~torchrl.data.MinSize`,
+            :class:`~torchrl.data.SampleToInsertRatio`) consulted by every sample and write: a sample it does not
+            permit raises (``wait=False``) or waits (``wait=True``), and an insert it does not permit waits
+            (``extend(data, timeout=...)``). Shared with the processes that share the buffer (see
+            :ref:`collectors-and-learners`). Defaults to ``None``.
+
+    Readiness: ``sample(wait=True)`` waits until the sampler can draw the batch (:meth:`can_sample`), woken by
+    writes of this process and, within a few milliseconds, of other processes writing into the shared storage;
+    ``stats()`` holds the cumulative counters ``write_count``, ``sample_calls`` and ``samples_returned``, which
+    checkpoints keep.
 
     Examples:
         >>> import torch
@@ -166,6 +180,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
     _compilable = False
     _shut_down = False  # set by shutdown(): is_alive is then False
     _initialized = True  # False until a buffer built with delayed init is built (_ready)
+    _limiter: RateLimiter | None = None  # the rate limiter (rate_limiter=, RateLimitedReplayBuffer's budget)
 
     def __init__(
         self,
@@ -187,7 +202,15 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         compilable: bool | None = None,
         delayed_init: bool | None = None,
         checkpointer=None,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
+        if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
+            raise TypeError(
+                f"`rate_limiter` must be a RateLimiter (MinSize, SampleToInsertRatio) or None, got "
+                f"{type(rate_limiter).__name__}."
+            )
+        self._limiter = rate_limiter
+        self._flow = _readiness.FlowState()
         transform, self._compilable, self._sample_unit, delay = check_compat_keywords(
             transform=transform, transform_factory=transform_factory, consume_after_n_samples=consume_after_n_samples,
             compilable=compilable, delayed_init=delayed_init, sample_unit=sample_unit,
@@ -332,6 +355,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         """Moves the writer's cursor to shared memory; the storage calls it when it is shared itself."""
         self._ready()
         self._writer.share_memory_()
+        self._flow.share_memory_()  # the readiness counters and the limiter's reservations: NOTE [readiness and waiting]
         return self
 
     @property
@@ -436,13 +460,17 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         )
 
     # -- writes -------------------------------------------------------------------------------------------------
-    def add(self, data) -> Any:
+    def add(self, data, *, timeout: float | None = None) -> Any:
         """Writes one item and returns its index.
 
         A TensorDict with a batch dimension is written as one item (TorchRL warns about it, and so do we, with
-        a UserWarning): use :meth:`extend` to write a batch of items.
+        a UserWarning): use :meth:`extend` to write a batch of items. ``timeout``: see :meth:`extend`.
         """
         self._ready()
+        with self._insert_gate(1, timeout):
+            return self._add_now(data)
+
+    def _add_now(self, data) -> Any:
         if isinstance(data, TensorDictBase) and data.batch_dims >= self._storage.ndim:  # a row of ndim=2: fine
             torchrl_warning("add_batched", batch_size=list(data.batch_size), n=data.batch_size[0])
         if len(self._transform):
@@ -459,24 +487,50 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
                 self._sampler.add(index)
         return index
 
+    @contextlib.contextmanager
+    def _insert_gate(self, n: int, timeout):
+        """Around a write of ``n`` items: waits for the rate limiter's permission (when it blocks inserts), and
+        wakes the waiting readers afterwards (NOTE [readiness and waiting] in ``_readiness.py``)."""
+        limiter = self._limiter
+        if limiter is None or not limiter.blocks_inserts:
+            if timeout is not None:
+                _readiness.check_wait_args(False, timeout, None)
+            yield
+            self._flow.notify()
+            return
+        timeout = _readiness.check_wait_args(False, timeout, None)
+        _readiness.reserve_insert(self, self._flow, limiter, n, timeout=timeout)
+        try:
+            yield
+        finally:
+            self._flow.release_inserts(n)
+
     def _inv_transform_item(self, data):
         if isinstance(data, TensorDictBase):  # unsqueeze gives a new TensorDict: the caller's is untouched
             out = self._transform.inv(data.unsqueeze(0))
-            return None if out is None else out.squeeze(0)
+            if out is None or (out.batch_dims and out.batch_size[0] == 0):  # the transforms dropped the item
+                return None
+            return out.squeeze(0)
         return self._transform.inv(data)
 
-    def extend(self, data) -> torch.Tensor:
+    def extend(self, data, *, timeout: float | None = None) -> torch.Tensor:
         """Writes a batch (first dim = items, or ``dim_extend``) and returns the written indices.
 
         The batch is validated before anything is stored (keys and shapes of the stored data, values the stored
         dtypes can hold): a bad batch raises and leaves the buffer unchanged. On a shared buffer the write holds
         the storage's :attr:`write_lock` (see :ref:`shared-writes`).
+
+        Keyword Args:
+            timeout (float, optional): with a ``rate_limiter`` that blocks inserts
+                (:class:`~torchrl.data.SampleToInsertRatio`), how long to wait for its permission before a
+                ``TimeoutError`` (which names the side that waited and the counters). Defaults to ``None``
+                (as long as it takes).
         """
         self._ready()
         data = self._as_stored_batch(data)
-        if data is None:
-            return torch.zeros((0,), dtype=torch.long)
-        return self._write_batch(data)
+        if data is None:  # the transforms dropped the whole batch (e.g. a MultiStepTransform holding steps back)
+            return torch.zeros((0, self._storage.ndim), dtype=torch.long)
+        return self._write_batch(data, timeout=timeout)
 
     def _as_stored_batch(self, data):
         """``data`` through the inverse transforms, items first; ``None`` when the transforms dropped it."""
@@ -492,12 +546,17 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             data = _move_dim_to_front(data, self._dim_extend)
         return data
 
-    def _write_batch(self, data, priority=None) -> torch.Tensor:
+    def _write_batch(self, data, priority=None, timeout=None) -> torch.Tensor:
         """Writes a batch laid out as the storage expects, and its ``priority`` if given, in one locked step.
 
         The writer's :meth:`~torchrl.data.Writer.prepare` (validation) runs before the write lock, so writer
-        processes overlap it; cursor, rows, counters, sampler and priorities change under the lock.
+        processes overlap it; cursor, rows, counters, sampler and priorities change under the lock. A rate
+        limiter's permission is obtained first, outside every lock (``timeout``: see :meth:`extend`).
         """
+        with self._insert_gate(_items_in(data), timeout):
+            return self._write_batch_now(data, priority)
+
+    def _write_batch_now(self, data, priority) -> torch.Tensor:
         with self._replay_lock:
             sampler = self._sampler
             if sampler.consumes_items:  # consumed slots first (the writer was checked at construction)
@@ -539,6 +598,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             self._writer._empty(empty_write_count=empty_write_count)
             self._sampler._empty()
             self._storage._empty()
+        self._flow.reset(samples=empty_write_count)  # a new write count: the sample counts start over with it
 
     # -- reads --------------------------------------------------------------------------------------------------
     def _resolve_batch_size(self, batch_size) -> int:
@@ -548,22 +608,113 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             return self._batch_size
         return check_sample_batch_size(batch_size)
 
-    def sample(self, batch_size: int | None = None, return_info: bool = False):
+    def sample(
+        self,
+        batch_size: int | None = None,
+        return_info: bool = False,
+        *,
+        wait: bool = False,
+        timeout: float | None = None,
+        cancel_event=None,
+    ):
         """Draws a batch; with ``return_info=True`` returns ``(batch, info)`` where ``info["index"]`` holds
-        the sampled positions (and prioritized/slice samplers add their entries)."""
+        the sampled positions (and prioritized/slice samplers add their entries).
+
+        Args:
+            batch_size (int, optional): the number of items. Defaults to the buffer's ``batch_size``.
+            return_info (bool): also return the info dict. Defaults to ``False``.
+
+        Keyword Args:
+            wait (bool): wait until the buffer can serve the batch (:meth:`can_sample`; with a rate limiter,
+                until it permits the sample) instead of failing. Writes of this process wake the wait at once,
+                writes of other processes into the shared storage within a few milliseconds. An advisory gate:
+                another reader may take the data first. Defaults to ``False`` (no check: the sampler's own error
+                when it cannot draw; a limiter's refusal raises a ``RuntimeError``).
+            timeout (float, optional): the longest wait in seconds before a ``TimeoutError`` that says what
+                to do. Defaults to ``None`` (as long as it takes).
+            cancel_event (optional): any object with ``is_set()`` (``threading.Event``,
+                ``multiprocessing.Event``): once set, the wait ends with a ``RuntimeError``. :meth:`shutdown`
+                ends it too. Defaults to ``None``.
+
+        Examples:
+            >>> import threading, torch
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+            >>> rb.can_sample()
+            False
+            >>> writer = threading.Timer(0.01, rb.extend, args=(torch.arange(4),))
+            >>> writer.start()
+            >>> rb.sample(wait=True, timeout=10.0).shape
+            torch.Size([4])
+            >>> writer.join()
+            >>> rb.stats()["sample_calls"], rb.stats()["samples_returned"]
+            (1, 4)
+        """
         self._ready()
         bs = self._resolve_batch_size(batch_size)
-        if self._prefetch and bs == self._batch_size:
-            data, info = self._sample_prefetched(bs)
+        if wait is not False or timeout is not None or cancel_event is not None or self._limiter is not None:
+            data, info = self._gated_sample(bs, wait, timeout, cancel_event)
+        elif self._prefetch and bs == self._batch_size:
+            data, info = self._sample_prefetched(bs, self._counted_draw)
         else:
-            data, info = self._sample(bs)
+            data, info = self._counted_draw(bs)
         return (data, info) if return_info else data
+
+    def query(self, predicate=None, *, trajectory_key=None) -> list:
+        """The stored trajectories that ``predicate`` accepts, oldest first (TorchRL's ``ReplayBuffer.query``).
+
+        Reads the storage once under the buffer's lock; see
+        :func:`~torchrl.data.replay_buffers.query.query_replay_buffer` for the splitting signal, the
+        transforms and the ``traj`` predicates.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer, traj
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
+            >>> rb.extend(TensorDict(episode=torch.tensor([0, 0, 0, 1, 1]), reward=torch.ones(5), batch_size=[5]))
+            tensor([0, 1, 2, 3, 4])
+            >>> [t.length for t in rb.query(traj.total_reward > 2)]
+            [3]
+        """
+        self._ready()
+        with self._replay_lock:
+            return query_replay_buffer(self, predicate, trajectory_key=trajectory_key)
+
+    def can_sample(self, batch_size: int | None = None) -> bool:
+        """Whether :meth:`sample` can serve a batch of ``batch_size`` (default: the buffer's) now: the sampler
+        can draw it (:meth:`Sampler.can_sample <torchrl.data.replay_buffers.Sampler.can_sample>`: non-empty,
+        enough items left to consume, ...), and a rate limiter, if any, permits it.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+            >>> rb.can_sample(), rb.extend(torch.arange(2)).numel(), rb.can_sample()
+            (False, 2, True)
+        """
+        return _readiness.can_sample(self, self._flow, self._limiter, self._resolve_batch_size(batch_size))
+
+    def _gated_sample(self, bs: int, wait, timeout, cancel_event):
+        """:meth:`sample` with a wait, a timeout, a cancel event or a rate limiter (see ``_readiness.py``)."""
+        timeout = _readiness.check_wait_args(wait, timeout, cancel_event)
+        now = functools.partial(_readiness.gated_draw, self, self._flow, self._limiter, wait=wait, timeout=timeout,
+                                cancel_event=cancel_event, draw=self._sample)  # fmt: skip
+        if self._prefetch and bs == self._batch_size:
+            return self._sample_prefetched(bs, now)
+        return now(bs)
+
+    def _counted_draw(self, bs: int, transform: bool = True):
+        """One draw, counted in ``sample_calls`` and ``samples_returned`` (the fast path of :meth:`sample`)."""
+        data, info = self._sample(bs, transform)
+        self._flow.count_draw(_readiness.records_in(info.get("index"), bs))
+        return data, info
 
     def sample_raw(self, batch_size: int | None = None, return_info: bool = False):
         """:meth:`sample` without the forward transforms (and without the prefetch queue), for a reader that
         runs the transforms itself: a :class:`~torchrl.data.RayReplayBuffer` actor sends raw batches to
         DataLoader workers, which transform them. Takes the buffer's locks as :meth:`sample` does, so it is
-        safe from several threads.
+        safe from several threads; counted like a sample, and a rate limiter's refusal raises.
 
         Examples:
             >>> import torch
@@ -574,10 +725,18 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             (True, True)
         """
         self._ready()
-        data, info = self._sample(self._resolve_batch_size(batch_size), transform=False)
+        data, info = _readiness.gated_draw(
+            self, self._flow, self._limiter, self._resolve_batch_size(batch_size), wait=False, timeout=None,
+            cancel_event=None, draw=functools.partial(self._sample, transform=False),
+        )  # fmt: skip
         return (data, info) if return_info else data
 
-    def _sample_prefetched(self, bs: int):
+    def _sample_prefetched(self, bs: int, now):
+        """The next batch of the prefetch queue (``now(bs)`` draws one when it is empty), then tops the queue up.
+
+        With a rate limiter, a batch is only prefetched when the limiter permits it at once: its records are
+        reserved when the task is queued and counted when it draws, so batches sampled ahead count against the
+        budget (a cancelled task releases its reservation)."""
         with self._futures_lock:  # see NOTE [prefetch epochs] in _prefetch.py
             queue = self._prefetch_queue
             if queue:
@@ -586,12 +745,19 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
                 turn = getattr(future, "draw_turn", None)
                 ended = None if turn is None else turn.ran_out
             else:
-                result, ended = self._sample(bs), self._sampler.ran_out
+                result, ended = now(bs), self._sampler.ran_out
+            limiter = self._limiter
             while len(queue) < self._prefetch:
+                if limiter is not None and not _readiness.try_reserve_sample(self, self._flow, limiter, bs):
+                    break
                 previous = getattr(self, "_last_draw_turn", None)
-                future, self._last_draw_turn = _prefetch.submit_in_order(
-                    self._prefetch_executor, self._sample, bs, previous
-                )
+                if limiter is None:
+                    draw = self._counted_draw
+                else:  # the reservation is the draw's: a task cancelled before it ran gives it back
+                    draw = functools.partial(_readiness.reserved_draw, self._flow, self._sample)
+                future, self._last_draw_turn = _prefetch.submit_in_order(self._prefetch_executor, draw, bs, previous)
+                if limiter is not None:
+                    future.add_done_callback(_readiness.release_if_cancelled(self._flow, bs))
                 queue.append(future)
         self._epoch_ended = ended
         return result
@@ -671,6 +837,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
                 index = torch.arange(*index.indices(self._storage.rows_written()))
             if not isinstance(index, tuple):  # overwritten items are new items for the sampler
                 self._storage.mark_update(index)
+        self._flow.notify()
 
     # -- transforms ---------------------------------------------------------------------------------------------
     def append_transform(self, transform, *, invert: bool = False) -> ReplayBuffer:
@@ -699,7 +866,10 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
     # -- statistics ---------------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """``{"size", "write_count", "prefetch_queue_size", "initialized"}``, plus ``"capacity"`` and
-        ``"utilization"`` (size / capacity) for a storage of finite capacity. A buffer built with delayed init
+        ``"utilization"`` (size / capacity) for a storage of finite capacity, the cumulative readiness counters
+        ``"sample_calls"`` and ``"samples_returned"`` (records drawn, prefetched batches included), and
+        ``"sampleable_size"``; a rate limiter adds its entries (``"samples_per_insert"`` observed,
+        ``"target_samples_per_insert"``, ``"reserved_samples"``, ``"sample_wait_count"``, ...). A buffer built with delayed init
         (see :attr:`initialized`) is not built by this call: it reports ``initialized: False``, size 0, and the
         capacity of the storage it was given (when it was given an instance).
 
@@ -721,6 +891,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         if capacity is not None and capacity < torch.iinfo(torch.int64).max:
             out["capacity"] = int(capacity)
             out["utilization"] = len(self) / capacity if capacity else 0.0
+        out.update(_readiness.flow_stats(self, self._flow, self._limiter))
         return out
 
     # -- in-place edits of the stored data (TorchRL's set_, set_at_, update_, update_if_present) ----------------
@@ -991,6 +1162,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             self._prefetch_queue.clear()
             self._prefetch_executor, self._prefetch = None, 0
             self._shut_down = True
+        self._flow.close()  # waiting samples and writes end (RuntimeError), in every process sharing the buffer
         if pending:
             concurrent.futures.wait(pending, timeout=timeout)
         if executor is not None:
@@ -1012,6 +1184,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             "_transforms": self._transform.state_dict(),
             "_batch_size": self._batch_size,
             "_rng": generator_to_state(rng),
+            "_readiness": self._flow.state_dict(),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -1024,6 +1197,9 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         """
         self._ready()
         prefetched = _prefetch.restore(state_dict.get("_prefetch_state"), self._prefetch)
+        readiness = state_dict.get("_readiness")
+        if readiness is not None:
+            _readiness.check_counter_state(readiness, "state_dict['_readiness']")
         validate = getattr(self._sampler, "validate_state_dict", None)  # a third-party sampler may lack it
         if validate is not None:  # a crafted sampler state is refused before the storage changes
             validate(state_dict["_sampler"])
@@ -1038,6 +1214,8 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
                 rng = generator_from_state(state_dict.get("_rng"))
                 if rng is not None:
                     self.set_rng(rng)
+                if readiness is not None:
+                    self._flow.load_state_dict(readiness)
             # the components hold the state the saved batches were drawn from: they replace the queue
             self._prefetch_queue.clear()
             self._prefetch_queue.extend(prefetched)
@@ -1060,6 +1238,8 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         rng = generator_from_state(state.pop("_rng", None))
         prefetched = state.pop("_prefetch_state", None)
         self.__dict__.update(state)
+        if "_flow" not in self.__dict__:  # pickled before readiness existed
+            self._flow = _readiness.FlowState()
         self._make_runtime_state()
         self._prefetch_queue.extend(_prefetch.restore(prefetched, self._prefetch))
         if self._initialized:  # a buffer with delayed init builds its components at its first write
@@ -1140,7 +1320,8 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         if rng is not None:
             tensors[ctx.name("rng/state")] = rng["state"]
             rng = {"device": rng["device"], "state": ctx.name("rng/state")}
-        doc = {"class": qualname(self), "batch_size": self._batch_size, "rng": rng, "parts": parts}
+        doc = {"class": qualname(self), "batch_size": self._batch_size, "rng": rng, "parts": parts,
+               "readiness": self._flow.state_dict()}  # fmt: skip
         if prefetch is not None:
             tensors.update(prefetch_tensors)
             doc["prefetch"] = prefetch
@@ -1161,6 +1342,10 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             check_int_field(doc["batch_size"], "batch_size", where, 1, fix="It is a positive JSON integer, or null.")
         _saved_generator(doc, tensors, where)
         _prefetch.check_part(doc.get("prefetch"), tensors, self._prefetch, ctx.path)
+        try:
+            _readiness.check_counter_state(doc.get("readiness", {}), f"{where}: `readiness`")
+        except ValueError as err:
+            raise CheckpointError(f"{err} Nothing was loaded.") from None
 
     def load_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
         self._ready()
@@ -1177,6 +1362,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         rng = _saved_generator(doc, tensors, ctx.path)
         if rng is not None:
             self.set_rng(rng)
+        self._flow.load_state_dict(doc.get("readiness", {}))  # a checkpoint without counters: they start at 0
         prefetched = _prefetch.from_part(doc.get("prefetch"), tensors)
         with self._futures_lock:  # the saved batches replace the queue
             self._prefetch_queue.clear()
@@ -1222,6 +1408,8 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         share_sampler: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
+        wait: bool = False,
+        timeout: float | None = None,
     ) -> ReplayBufferDataset:
         """An iterable :class:`torch.utils.data.IterableDataset` of sampled batches, for DataLoader workers.
 
@@ -1234,7 +1422,8 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         See :class:`~torchrl.data.ReplayBufferDataset` for ``num_batches``, ``transport`` (how worker
         processes send batches back: ``"ring"``, ``"consolidated"`` or ``"torch"``), ``share_sampler``
         (a stateful sampler's state moves to shared memory, see :ref:`stateful-samplers-in-workers`) and
-        ``rank``/``world_size`` (data-parallel ranks; read from :mod:`torch.distributed` when not given).
+        ``rank``/``world_size`` (data-parallel ranks; read from :mod:`torch.distributed` when not given), and
+        ``wait``/``timeout`` (each draw waits for data or a rate limiter's permission).
 
         Examples:
             >>> import torch
@@ -1248,7 +1437,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         self._ready()
         return ReplayBufferDataset(
             self, num_batches=num_batches, transport=transport, share_sampler=share_sampler, rank=rank,
-            world_size=world_size,
+            world_size=world_size, wait=wait, timeout=timeout,
         )
 
     def stateful_component(self) -> tuple[str, Any] | None:
@@ -1353,21 +1542,32 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
 
         Keyword Args:
             layout (str): ``"flat"`` (rows in storage order), ``"trajectories"`` (rows in the order they were
-                written, plus ``episode_index`` and ``frame_index`` columns) or ``"lerobot"`` (the trajectories,
-                with LeRobot's column names: see :ref:`exchanging-datasets`). Defaults to ``"flat"``.
+                written, plus ``episode_index`` and ``frame_index`` columns) or ``"lerobot"`` (the LeRobot v3.0 file
+                set that ``LeRobotDataset(repo_id, root=path)`` opens: ``meta/info.json``, the tasks and
+                episodes tables, ``meta/stats.json`` and ``data/chunk-*/file-*.parquet``; see
+                :ref:`exchanging-datasets`). Defaults to ``"flat"``.
             exclude_keys (sequence of keys): entries to leave out (e.g. non-tensor data). Defaults to ``()``.
             traj_key (key, optional): the trajectory-id entry of the trajectory layouts. Defaults to ``None``
                 (``"episode"`` or ``("collector", "traj_ids")`` when stored).
             end_key (key, optional): the end-of-trajectory flag of the trajectory layouts. Defaults to ``None``
                 (``("next", "done")`` or ``("next", "truncated")`` when stored).
             fps (float): frames per second, for the ``timestamp`` column of the ``"lerobot"`` layout
-                (``frame_index / fps``). Defaults to ``1.0``.
+                (``frame_index / fps``; a whole number there). Defaults to ``1.0``.
+            task (str, optional): ``"lerobot"``: the task of every frame. Defaults to ``None``.
+            task_key (key, optional): ``"lerobot"``: the string entry holding each frame's task. Defaults to
+                ``None`` (``"task"`` or ``"language_instruction"`` when stored, else the task ``""``).
+            names (mapping, optional): ``"lerobot"``: key or column -> list of str, the feature ``names`` of
+                ``info.json``. Defaults to ``None``.
+            robot_type (str, optional): ``"lerobot"``: the ``robot_type`` of ``info.json``. Defaults to ``None``.
             chunk_bytes (int): about how many bytes of rows to read and convert at once. Defaults to 64 MiB.
-            shard_bytes (int): about how many bytes per Arrow file. Defaults to 500 MiB (as ``save_to_disk``).
+            shard_bytes (int, optional): about how many bytes per Arrow file (500 MiB, as ``save_to_disk``), or
+                per parquet data file of the ``"lerobot"`` layout (100 MiB, whole episodes per file). Defaults
+                to ``None`` (those sizes).
             fsync (bool): flush files and directories to the disk before the switch. Defaults to ``True``.
 
         Returns:
-            datasets.Dataset: the export, read back (memory-mapped) from ``path``.
+            datasets.Dataset: the export, read back (memory-mapped) from ``path``; for ``"lerobot"``, the parquet
+            frames read into memory.
 
         .. note:: Export while nothing writes to the buffer: the rows are read in several chunks, and a write
             between two chunks would mix old and new rows in the export.
@@ -1423,7 +1623,9 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
 
         Args:
             source (str, path-like or datasets.Dataset): a directory written by :meth:`export_hf` or
-                ``save_to_disk``, or a ``datasets.Dataset`` (one split of a ``DatasetDict``).
+                ``save_to_disk``, a LeRobot v3.0 dataset directory (read with TorchRL's
+                ``LeRobotExperienceReplay`` keys, ``[N, 1]`` rewards and flags, the task text as
+                ``"language_instruction"``), or a ``datasets.Dataset`` (one split of a ``DatasetDict``).
 
         Keyword Args:
             storage (Storage, optional): where to put the rows; it must hold at least ``len(source)`` items.
@@ -1489,6 +1691,14 @@ def _move_dim_to_front(data, dim: int):
     import torch.utils._pytree as pytree
 
     return pytree.tree_map(lambda t: t.transpose(0, dim), data)
+
+
+def _items_in(data) -> int:
+    """The number of items of a batch laid out as the storage expects (its first dim; a list's length)."""
+    shape = _batch_shape(data)
+    if shape is not None and len(shape):
+        return int(shape[0])
+    return len(data) if hasattr(data, "__len__") else 1
 
 
 def _batch_shape(data) -> torch.Size | None:

@@ -205,6 +205,15 @@ class ReplayBufferDataset(IterableDataset):
         share_sampler (bool): move the state of a stateful sampler that can share it to shared memory, so
             that DataLoader workers share it with the main process; ``False`` refuses such a buffer with
             workers instead. Defaults to ``True``.
+        wait (bool): each draw is ``replay_buffer.sample(wait=True, timeout=timeout)``: a worker waits for data,
+            or for a rate limiter's permission (:class:`~torchrl.data.RateLimitedReplayBuffer`,
+            ``rate_limiter=``), instead of failing. Defaults to ``False``.
+        timeout (float, optional): the longest wait of one draw with ``wait=True`` (``TimeoutError`` past it).
+            Defaults to ``None`` (as long as it takes).
+
+    Readiness counters and rate limits: building the dataset also moves the buffer's readiness counters (and a
+    rate limiter's reservations) to shared memory with its writer's cursor (``replay_buffer.share_memory_()``),
+    so the workers and the main process count samples in one place and draw from one budget.
 
     Resuming: :meth:`state_dict` and :meth:`load_state_dict` implement the protocol of torchdata's
     ``StatefulDataLoader``, so that a resumed run yields exactly the batches an uninterrupted one would have;
@@ -247,8 +256,14 @@ class ReplayBufferDataset(IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         share_sampler: bool = True,
+        wait: bool = False,
+        timeout: float | None = None,
     ):
         _check_replay_buffer(replay_buffer)
+        self.wait = check_bool("wait", wait, hint="Pass True to wait for data in each draw, or False.")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
+            raise ValueError(f"`timeout` must be None or a number of seconds >= 0, got {timeout!r}.")
+        self.timeout = timeout
         self.share_sampler = _check_share_sampler(share_sampler)
         self.num_batches = _check_num_batches(num_batches)
         self.rank, self.world_size = resolve_rank(rank, world_size)
@@ -265,13 +280,19 @@ class ReplayBufferDataset(IterableDataset):
         storage = replay_buffer.storage
         if hasattr(storage, "share_memory_"):  # a lazy storage then allocates in shared memory at its first write
             storage.share_memory_()
+        share_counters = getattr(replay_buffer, "share_memory_", None)
+        if callable(share_counters):  # the writer's count and the readiness counters: one budget for all workers
+            share_counters()
         if self.share_sampler:
             _share_stateful_components(replay_buffer)
 
     # -- hooks for subclasses ---------------------------------------------------------------------------------
     def draw(self) -> Any:
         """One sampling call: ``replay_buffer.sample()``. Override it to sample differently (another batch
-        size, ``return_info=True``, a check of what was sampled)."""
+        size, ``return_info=True``, a check of what was sampled). With ``wait=True``:
+        ``replay_buffer.sample(wait=True, timeout=timeout)``."""
+        if self.wait:
+            return self.replay_buffer.sample(wait=True, timeout=self.timeout)
         return self.replay_buffer.sample()
 
     def items(self, batch) -> Iterator[Any]:

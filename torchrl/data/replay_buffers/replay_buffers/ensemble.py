@@ -220,6 +220,7 @@ class ReplayBufferEnsemble(ReplayBuffer):
             "_transforms": self._transform.state_dict(),
             "_batch_size": self._batch_size,
             "_rng": generator_to_state(rng),
+            "_readiness": self._flow.state_dict(),  # the ensemble's own sample counters (see ReplayBuffer.stats)
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -235,6 +236,8 @@ class ReplayBufferEnsemble(ReplayBuffer):
                 self.set_rng(rng)
             else:
                 self.set_rng(self._rng)  # members' loaded generators stay unless the ensemble has its own
+            if state_dict.get("_readiness") is not None:
+                self._flow.load_state_dict(state_dict["_readiness"])
 
 
     # -- checkpoint part: the state dict (members, transform, batch size, generator) ----------------------------

@@ -95,23 +95,26 @@ class TensorDictReplayBuffer(ReplayBuffer):
                 f"TensorDict, or use ReplayBuffer for tensors, tensorclasses and pytrees."
             )
 
-    def add(self, data):
+    def add(self, data, *, timeout: float | None = None):
         """Writes one TensorDict and returns its index.
 
         With a prioritized sampler, the item's priority is read from ``data[priority_key]`` when present and
         checked before anything is written: a NaN, infinite or negative priority raises a ``ValueError`` that
-        names the entry, and leaves the buffer unchanged.
+        names the entry, and leaves the buffer unchanged. ``timeout``: see :meth:`extend`.
         """
         self._ready()
         self._check_td(data, "add")
         priority = self._priorities_of(data, batched=False)
-        with self._replay_lock, self.write_lock:  # lock order of every write
-            index = super().add(data)
-            if index is not None and priority is not None:
-                self.update_priority(index, priority)
+        with self._insert_gate(1, timeout):  # a rate limiter's permission, before every lock
+            with self._replay_lock, self.write_lock:  # lock order of every write
+                index = self._add_now(data)
+                if index is not None and priority is not None:
+                    self.update_priority(index, priority)
         return index
 
-    def extend(self, tensordicts, *, update_priority: bool | None = None) -> torch.Tensor:
+    def extend(
+        self, tensordicts, *, update_priority: bool | None = None, timeout: float | None = None
+    ) -> torch.Tensor:
         """Writes a batch of TensorDicts and returns the written indices.
 
         With a prioritized sampler, the priorities of the new items are read from
@@ -122,19 +125,26 @@ class TensorDictReplayBuffer(ReplayBuffer):
         Keyword Args:
             update_priority (bool, optional): ``False`` ignores the ``priority_key`` entry (the new items get
                 the sampler's default priority). Defaults to ``None`` (read it when present).
+            timeout (float, optional): with a ``rate_limiter`` that blocks inserts, how long to wait for its
+                permission (see :meth:`ReplayBuffer.extend <torchrl.data.ReplayBuffer.extend>`). Defaults to
+                ``None`` (as long as it takes).
         """
         self._ready()
         self._check_td(tensordicts, "extend")
-        priority = self._priorities_of(tensordicts, batched=True) if update_priority is not False else None
+        if update_priority is not False:
+            self._priorities_of(tensordicts, batched=True)  # refuse bad values before any transform runs
         batch = self._as_stored_batch(tensordicts)
-        if batch is None:
-            return torch.zeros((0,), dtype=torch.long)
-        return self._write_batch(batch, priority)  # items and priorities land together, under the write lock
+        if batch is None:  # the transforms dropped the whole batch
+            return torch.zeros((0, self._storage.ndim), dtype=torch.long)
+        # priorities of what is written: the inverse transforms may hold rows back or drop them
+        priority = self._priorities_of(batch, batched=True, stored=True) if update_priority is not False else None
+        return self._write_batch(batch, priority, timeout)  # items and priorities land together, under the lock
 
-    def _priorities_of(self, data: TensorDictBase, *, batched: bool) -> np.ndarray | None:
+    def _priorities_of(self, data: TensorDictBase, *, batched: bool, stored: bool = False) -> np.ndarray | None:
         """The checked priorities of the items of ``data`` (from ``data[priority_key]``), before a write.
 
-        ``None`` when the sampler is not prioritized or the entry is absent.
+        ``None`` when the sampler is not prioritized or the entry is absent. ``stored``: ``data`` is the batch as
+        it is written (through the inverse transforms, its extend dim already first).
         """
         if not isinstance(self._sampler, PrioritizedSampler):
             return None
@@ -143,7 +153,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
         if priority is None:
             return None
         priority = torch.as_tensor(priority)
-        if batched and self._dim_extend > 0:
+        if batched and self._dim_extend > 0 and not stored:
             priority = priority.transpose(0, self._dim_extend)  # the extend dim first, as the data is written
         item_dims = self._storage.ndim if batched else self._storage.ndim - 1
         priority = reduce_priority(priority, self._sampler.reduction, batch_dims=item_dims)
@@ -219,7 +229,16 @@ class TensorDictReplayBuffer(ReplayBuffer):
             priority = reduce_priority(priority, self._sampler.reduction, batch_dims=batch_dims)
         self.update_priority(index, priority)
 
-    def sample(self, batch_size: int | None = None, return_info: bool = False, include_info: bool | None = None):
+    def sample(
+        self,
+        batch_size: int | None = None,
+        return_info: bool = False,
+        include_info: bool | None = None,
+        *,
+        wait: bool = False,
+        timeout: float | None = None,
+        cancel_event=None,
+    ):
         """Draws a batch of TensorDicts that carries the sampler's info (``"index"``, and e.g.
         ``"priority_weight"``) as entries, each expanded to the batch's shape (``[B, T]`` for trajectory items).
 
@@ -229,6 +248,10 @@ class TensorDictReplayBuffer(ReplayBuffer):
             include_info (bool, optional): deprecated (as in TorchRL; warns with a ``UserWarning`` when given):
                 ``False`` leaves the info entries out of the batch (entries the storage holds, such as the
                 writer's ``"index"``, stay); ``True`` and ``None`` write them. Defaults to ``None``.
+
+        Keyword Args:
+            wait, timeout, cancel_event: wait for data (or a rate limiter's permission); see
+                :meth:`ReplayBuffer.sample <torchrl.data.ReplayBuffer.sample>`.
 
         Examples:
             >>> import torch
@@ -252,7 +275,9 @@ class TensorDictReplayBuffer(ReplayBuffer):
                 UserWarning,
                 stacklevel=2,
             )
-        data, info = super().sample(batch_size, return_info=True)
+        data, info = super().sample(
+            batch_size, return_info=True, wait=wait, timeout=timeout, cancel_event=cancel_event
+        )
         if include_info is not False and isinstance(data, TensorDictBase):
             set_entries(data, info, _info_value)
         return (data, info) if return_info else data

@@ -200,6 +200,30 @@ class Sampler(Component, metaclass=_SamplerMeta):
     @abc.abstractmethod
     def sample(self, storage, batch_size: int) -> tuple[Any, dict]: ...
 
+    def can_sample(self, storage, batch_size: int) -> bool:
+        """Returns whether the sampler can draw ``batch_size`` items from ``storage`` now.
+
+        The readiness rule behind ``rb.can_sample()`` and ``rb.sample(wait=True)``: the default is "the
+        storage holds something"; samplers that need more (enough items left to consume, enough valid
+        slices) override it. A configuration error (a batch size the sampler can never draw) is not a
+        readiness question: ``sample`` raises it. Cheap: no draw, no change of state.
+
+        Args:
+            storage (Storage): the storage the sampler draws from.
+            batch_size (int): the number of items of the batch.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage, RandomSampler
+            >>> storage = LazyTensorStorage(4)
+            >>> RandomSampler().can_sample(storage, 2)
+            False
+            >>> storage.set(torch.arange(1), torch.arange(1))
+            >>> RandomSampler().can_sample(storage, 2)
+            True
+        """
+        return len(storage) > 0
+
     def _forget_derived(self) -> None:
         """Sets every attribute of :attr:`_derived_state` to ``None``."""
         for name in self._derived_state:

@@ -407,6 +407,11 @@ class ConsumingSampler(Sampler):
                 self._sync(storage)
             return self._num_live
 
+    def can_sample(self, storage, batch_size: int) -> bool:
+        """``True`` when at least ``batch_size`` items can still be drawn (:meth:`num_sampleable`): a waiting
+        reader gets a full batch, never the short one an almost consumed buffer gives."""
+        return self.num_sampleable(storage) >= batch_size
+
     def sample(self, storage, batch_size: int):
         batch_size = check_batch_size(batch_size)
         if storage.ndim != 1:

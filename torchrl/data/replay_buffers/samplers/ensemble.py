@@ -228,6 +228,21 @@ class SamplerEnsemble(Sampler):
             return torch.multinomial(p.to(device), k, replacement=True, generator=rng).cpu()
         return torch.randint(0, n, (k,), generator=rng, device=device).cpu()
 
+    def can_sample(self, storage: StorageEnsemble, batch_size: int) -> bool:
+        """Whether a batch of ``batch_size`` can be drawn now: ``batch_size`` divides by
+        ``num_buffer_sampled``, and with ``sample_from_all`` every member can serve its sub-batch; with ``p``
+        ``None`` or ``"sampleable"`` any member can; with explicit ``p`` any member of positive probability can."""
+        k = self._num_buffer_sampled
+        if batch_size % k or len(storage) != len(self._samplers):
+            return False
+        per = batch_size // k
+        ready = [s.can_sample(storage[i], per) for i, s in enumerate(self._samplers)]
+        if self._sample_from_all:
+            return all(ready)
+        if self._p is None:
+            return any(ready)
+        return any(r and float(p) > 0 for r, p in zip(ready, self._p.tolist()))
+
     def sample(self, storage: StorageEnsemble, batch_size: int) -> tuple[Any, dict]:
         """Draws ``num_buffer_sampled`` sub-batches of ``batch_size // num_buffer_sampled`` items.
 

@@ -364,6 +364,12 @@ class PromptGroupSampler(Sampler):
         values = storage.get(rows).get(self.reward_key, None)
         return None if values is None or isinstance(values, torch.Tensor) else values
 
+    def can_sample(self, storage, batch_size: int) -> bool:
+        """``True`` once ``storage`` holds an item and ``batch_size`` is made of whole groups (a multiple of
+        ``num_groups`` or ``samples_per_group``)."""
+        given = self.num_groups if self.num_groups is not None else self.samples_per_group
+        return len(storage) > 0 and batch_size % given == 0
+
     def sample(self, storage, batch_size: int) -> tuple[torch.Tensor, dict]:
         batch_size = check_batch_size(batch_size)
         num_groups, k = self._layout(batch_size)

@@ -26,6 +26,10 @@ class RandomSampler(Sampler):
 
     requires_shared_state = False
 
+    def can_sample(self, storage, batch_size: int) -> bool:
+        """``True`` once ``storage`` holds an item: draws with replacement serve any batch size."""
+        return len(storage) > 0
+
     def sample(self, storage, batch_size: int):
         batch_size = check_batch_size(batch_size)
         n = check_not_empty(storage)

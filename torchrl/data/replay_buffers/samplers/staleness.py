@@ -260,6 +260,12 @@ class StalenessAwareSampler(Sampler):
         return result
 
     # -- sampling -------------------------------------------------------------------------------------------------
+    def can_sample(self, storage, batch_size: int) -> bool:
+        """``True`` once some stored item has a non-zero weight at the current ``consumer_version`` (an item
+        within ``max_staleness``): a reader can wait for fresher data."""
+        n = len(storage)
+        return n > 0 and self._weights(storage, n)[2] > 0
+
     def sample(self, storage, batch_size: int):
         batch_size = check_batch_size(batch_size)
         n = check_not_empty(storage)

@@ -220,6 +220,12 @@ class SamplerWithoutReplacement(Sampler):
         self._len_storage = n
         self._epoch_id += 1
 
+    def can_sample(self, storage, batch_size: int) -> bool:
+        """``True`` once ``storage`` holds an item, or, with ``drop_last=True``, at least ``batch_size`` items
+        (a shorter storage can only give the short batch that ``drop_last`` drops)."""
+        n = len(storage)
+        return n >= batch_size if self.drop_last else n > 0
+
     def sample(self, storage, batch_size: int):
         batch_size = check_batch_size(batch_size)
         n = check_not_empty(storage)
