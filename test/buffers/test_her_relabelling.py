@@ -20,6 +20,7 @@ from torchrl.data import (
     LazyMemmapStorage,
     LazyTensorStorage,
     ListStorage,
+    SamplerWithoutReplacement,
     SliceSampler,
     TensorDictReplayBuffer,
 )
@@ -287,6 +288,25 @@ def test_the_boundary_cache_follows_extend_add_and_empty():
     assert rb.state_dict()["_her"]["episode_ends_cache"] is None
 
 
+def test_a_rewrite_that_keeps_the_cache_key_still_rebuilds_the_cache_and_state_dict_carries_the_new_one():
+    rb = make_rb(capacity=8, batch_size=8, strategy="final", her_ratio=1.0, sampler=SamplerWithoutReplacement())
+    rb.extend(episodes([8]))
+    assert set(rb.sample()["desired_goal"].squeeze(-1).tolist()) == {7.0}
+    key = rb._last_cache_key
+    rb.extend(episodes([3, 5], first_step=8, first_episode=1))  # the ring written over exactly once
+    batch = rb.sample()
+    assert rb._last_cache_key == key, "TorchRL's key (len, last row, full) is unchanged"
+    assert torch.equal(batch["desired_goal"].squeeze(-1), torch.where(batch["index"] <= 2, 10.0, 15.0))
+    rb.extend(episodes([6, 2], first_step=16, first_episode=3))  # again, and no sample before state_dict
+    state = rb.state_dict()
+    assert state["_her"]["episode_ends_cache"].tolist() == [5, 7]
+    other = make_rb(capacity=8, batch_size=8, strategy="final", her_ratio=1.0, sampler=SamplerWithoutReplacement())
+    other.load_state_dict(state)
+    batch = other.sample()
+    assert torch.equal(batch["desired_goal"].squeeze(-1), torch.where(batch["index"] <= 5, 21.0, 23.0))
+    assert other._last_cache_key == rb._last_cache_key
+
+
 # -- state and checkpoints -------------------------------------------------------------------------------------
 def test_state_dict_carries_her_and_restores_the_cache_without_changing_the_given_dict():
     rb = make_rb(her_ratio=0.5, strategy="final")
@@ -379,13 +399,16 @@ def test_missing_goal_keys_named_at_the_first_sample():
     assert "storage: goal_key='desired_goal'." in str(info.value)
 
 
-def test_storage_with_two_dims():
+def test_storage_with_two_dims_is_refused_when_sampling():
+    rb = HERReplayBuffer(reward_fn, storage=LazyTensorStorage(20, ndim=2), batch_size=4)
+    rb.extend(episodes([5, 5]).reshape(2, 5))  # built and written as a plain TensorDictReplayBuffer
+    assert len(rb) == 10
     with _raises("her_1d_storage"):
-        HERReplayBuffer(reward_fn, storage=LazyTensorStorage(20, ndim=2))
+        rb.sample()
 
 
 def test_bad_strategy_reward_fn_and_missing_end_keys():
-    with pytest.raises(ValueError, match="future"):
+    with pytest.raises(ValueError, match="'best' is not a valid HindsightStrategy.*future"):
         HERReplayBuffer(reward_fn, strategy="best")
     with pytest.raises(TypeError, match="reward_fn"):
         HERReplayBuffer("not callable")

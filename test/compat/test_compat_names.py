@@ -289,9 +289,9 @@ def test_multistep_sums_discounted_rewards_up_to_the_episode_end():
     assert out["steps_to_next_obs"].squeeze(-1).tolist() == [3, 2, 1, 2, 1]
     assert out["next", "obs"].tolist() == [3.0, 3.0, 3.0, 5.0, 5.0]  # the obs after step t + m - 1
     assert out["gamma"].squeeze(-1).tolist() == [0.125, 0.25, 0.5, 0.25, 0.5]
-    assert out["nonterminal"].squeeze(-1).tolist() == [False, False, False, True, True]
-    assert out["next", "done"].squeeze(-1).tolist() == [True, True, True, False, False]
-    assert out["steps_to_next_obs"].shape == td["next", "done"].shape
+    assert out["nonterminal"].tolist() == [True, True, False, True, False]  # TorchRL: k != 0
+    assert out["next", "done"].squeeze(-1).tolist() == [False, False, True, False, False]  # step t's flags
+    assert out["steps_to_next_obs"].shape == td.batch_size  # TorchRL: the batch shape
     assert "original_reward" not in td["next"].keys()  # the input is left as it was
 
 
@@ -303,19 +303,22 @@ def test_multistep_with_one_step_keeps_rewards_and_next_entries():
     assert torch.allclose(out["gamma"], torch.full((3, 1), 0.9))
 
 
-def test_multistep_bootstraps_through_truncation_but_not_termination():
+def test_multistep_nonterminal_is_false_where_no_step_is_looked_ahead_as_torchrl():
     td = _rollout([1.0, 1.0, 1.0, 1.0], [False, True, False, True], terminated=[False, False, False, True])
     out = MultiStep(gamma=1.0, n_steps=2)(td)
-    assert out["nonterminal"].squeeze(-1).tolist() == [True, True, False, False]
+    assert out["nonterminal"].tolist() == [True, False, True, False]
+    assert out["next", "terminated"].squeeze(-1).tolist() == [False, False, False, True]
+    assert not MultiStep(gamma=1.0, n_steps=1)(td)["nonterminal"].any()
 
 
-def test_multistep_treats_each_row_of_a_batch_separately_and_honours_the_mask():
+def test_multistep_treats_each_row_of_a_batch_separately_and_masks_nonterminal():
     a = _rollout([1.0, 1.0, 1.0], [False, False, False])
     b = _rollout([2.0, 2.0, 2.0], [False, False, False])
     td = torch.stack([a, b])
     td.set(("collector", "mask"), torch.tensor([[True, True, True], [True, True, False]]))
     out = MultiStep(gamma=1.0, n_steps=3)(td)
-    assert out["next", "reward"].squeeze(-1).tolist() == [[3.0, 2.0, 1.0], [4.0, 2.0, 2.0]]
+    assert out["next", "reward"].squeeze(-1).tolist() == [[3.0, 2.0, 1.0], [6.0, 4.0, 2.0]]  # mask: no cut
+    assert out["nonterminal"].tolist() == [[True, True, False], [True, True, False]]
 
 
 def test_multistep_matches_a_step_by_step_computation():

@@ -12,10 +12,10 @@ the reward is recomputed by ``reward_fn``.
 
 from __future__ import annotations
 
+import enum
 import math
 import numbers
 from collections.abc import Callable
-from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -31,10 +31,12 @@ from torchrl.data.replay_buffers.storages import ListStorage, TensorStorage
 __all__ = ["HERReplayBuffer", "HindsightStrategy"]
 
 _CHECKPOINT_SCHEMA = 1
+#: ``enum.StrEnum`` where Python has it (3.11+), as in TorchRL; its ``(str, Enum)`` equivalent before.
+_STR_ENUM_BASES = (enum.StrEnum,) if hasattr(enum, "StrEnum") else (str, enum.Enum)
 
 
-class HindsightStrategy(str, Enum):
-    """Where a relabelled transition's new goal comes from (a ``str`` enum: members compare equal to their value).
+class HindsightStrategy(*_STR_ENUM_BASES):
+    """Where a relabelled transition's new goal comes from (a ``StrEnum``: members compare equal to their value).
 
     - ``FUTURE`` (``"future"``): a step of the same episode at or after the sampled one, uniformly in
       ``[t, episode end]`` (``t`` itself included, as in TorchRL; SB3 draws strictly later steps).
@@ -68,7 +70,8 @@ def _strategy(strategy) -> HindsightStrategy:
     except ValueError:
         choices = [s.value for s in HindsightStrategy]
         raise ValueError(
-            f"`strategy` must be one of {choices} (or a HindsightStrategy), got {strategy!r}."
+            f"{strategy!r} is not a valid HindsightStrategy: `strategy` must be one of {choices} (or a "
+            f"HindsightStrategy member)."
         ) from None
 
 
@@ -134,7 +137,8 @@ class HERReplayBuffer(TensorDictReplayBuffer):
             plus one with the probability of the fractional part (the expected fraction is ``her_ratio`` for any
             ``B``; drawn from the buffer's generator). Defaults to ``"floor"``.
         **kwargs: the other arguments of :class:`TensorDictReplayBuffer` (``storage``, ``batch_size``,
-            ``transform``, ``generator``, ...). The storage must be 1-D.
+            ``transform``, ``generator``, ...). The storage must be 1-D: ``sample()`` raises
+            ``NotImplementedError`` for another (as in TorchRL, the check is made when sampling).
 
     .. note::
         With DataLoader workers (``rb.as_dataset().loader(num_workers=N)``), each worker relabels its own
@@ -192,9 +196,6 @@ class HERReplayBuffer(TensorDictReplayBuffer):
         keys = {name: _key(name, value) for name, value in (
             ("goal_key", goal_key), ("achieved_goal_key", achieved_goal_key), ("reward_key", reward_key),
             ("end_key", end_key))}  # fmt: skip
-        storage = kwargs.get("storage")
-        if getattr(storage, "ndim", 1) != 1:
-            raise torchrl_error("her_1d_storage", ndim=storage.ndim)
         self.reward_fn = reward_fn
         self.her_ratio = her_ratio
         self.strategy = strategy
@@ -206,10 +207,11 @@ class HERReplayBuffer(TensorDictReplayBuffer):
         self._episode_ends_cache: torch.Tensor | None = None
         self._unrolled_ends: torch.Tensor | None = None
         self._last_cache_key: tuple | None = None
+        self._cache_revision: Any = None
         self._keys_checked = False
+        # a storage with ndim != 1 is refused when sampling (NotImplementedError), as TorchRL does: it may still
+        # be filled and read as a plain TensorDictReplayBuffer
         super().__init__(sampler=RandomSampler() if sampler is None else sampler, **kwargs)
-        if self._initialized and self._storage.ndim != 1:
-            raise torchrl_error("her_1d_storage", ndim=self._storage.ndim)
 
     @property
     def terminated_key(self):
@@ -346,10 +348,14 @@ class HERReplayBuffer(TensorDictReplayBuffer):
         self._keys_checked = True
 
     # -- episode boundaries (vectorized, cached per storage state) ----------------------------------------------
+    # The cache key is TorchRL's `(len(storage), last written row, storage._is_full)`: a function of the storage
+    # state alone, so a buffer that loaded a state_dict has the key of the buffer that saved it. The storage's
+    # write revision is compared too (`_cache_revision`), so a rewrite that leaves the key as it was (a full
+    # ring written over exactly once, `rb[i] = ...`) still rebuilds the cache.
     def _layout_key(self, storage) -> tuple:
         n = len(storage)
         full = bool(storage._is_full)
-        return (n, self._newest_row(storage, n, full), full, storage.write_revision)
+        return (n, self._newest_row(storage, n, full), full)
 
     def _newest_row(self, storage, n: int, full: bool) -> int:
         if isinstance(storage, ListStorage) and full:  # a list storage does not track where it wrapped
@@ -359,13 +365,13 @@ class HERReplayBuffer(TensorDictReplayBuffer):
 
     def _episode_layout(self, storage) -> tuple[torch.Tensor, int, int]:
         """``(ends, offset, n)``: the sorted unrolled positions that end an episode, and the ring layout."""
-        key = self._layout_key(storage)
-        n, last, full, _ = key
+        key, revision = self._layout_key(storage), storage.write_revision
+        n, last, full = key
         offset = (last + 1) % n if full and n else 0
-        if key != self._last_cache_key or self._episode_ends_cache is None:
+        if key != self._last_cache_key or revision != self._cache_revision or self._episode_ends_cache is None:
             self._episode_ends_cache = self._find_episode_ends(storage, n, last, full)
             self._unrolled_ends = None
-            self._last_cache_key = key
+            self._last_cache_key, self._cache_revision = key, revision
         if self._unrolled_ends is None:
             self._unrolled_ends = torch.sort((self._episode_ends_cache - offset) % max(n, 1)).values
         return self._unrolled_ends, offset, n
@@ -391,13 +397,15 @@ class HERReplayBuffer(TensorDictReplayBuffer):
 
     def empty(self, empty_write_count: bool = True) -> None:
         super().empty(empty_write_count=empty_write_count)
-        self._episode_ends_cache = self._unrolled_ends = self._last_cache_key = None
+        self._episode_ends_cache = self._unrolled_ends = self._last_cache_key = self._cache_revision = None
 
     # -- state ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """:meth:`ReplayBuffer.state_dict` plus ``"_her"``: the keys, ``her_ratio``, ``strategy`` (its value),
         the cached episode ends (``episode_ends_cache``) and the storage state they were computed for
-        (``last_cache_key``)."""
+        (``last_cache_key``). A cache that the storage's content outgrew is rebuilt first, so that the state
+        carries the episode ends of the storage it carries."""
+        self._refresh_stale_cache()
         state = super().state_dict()
         state["_her"] = {
             "goal_key": self.goal_key,
@@ -426,6 +434,23 @@ class HERReplayBuffer(TensorDictReplayBuffer):
             self._episode_ends_cache = None if cache is None else cache.long()
             self._last_cache_key = None if key is None else tuple(key)
             self._unrolled_ends = None
+            # the restored cache holds for the loaded storage when its key is the storage's; else it is rebuilt at
+            # the next sample (a revision nothing equals)
+            current = self._initialized and self._last_cache_key == self._layout_key(self._storage)
+            self._cache_revision = self._storage.write_revision if current else object()
+
+    def _refresh_stale_cache(self) -> None:
+        """Rebuilds a cache whose storage was written since it was built (see :meth:`state_dict`)."""
+        storage = self._storage if self._initialized else None
+        if self._episode_ends_cache is None or storage is None or storage.ndim != 1:
+            return
+        with self._replay_lock:
+            if storage.write_revision == self._cache_revision and self._last_cache_key == self._layout_key(storage):
+                return
+            try:
+                self._episode_layout(storage)
+            except KeyError:  # the flags are gone: no cache to carry
+                self._episode_ends_cache = self._unrolled_ends = self._last_cache_key = self._cache_revision = None
 
     def _config_doc(self) -> dict[str, Any]:
         return {
@@ -471,7 +496,7 @@ class HERReplayBuffer(TensorDictReplayBuffer):
         her = doc["her"]
         self.her_ratio = _her_ratio(her["her_ratio"])
         self.strategy = _strategy(her["strategy"])
-        self._episode_ends_cache = self._unrolled_ends = self._last_cache_key = None
+        self._episode_ends_cache = self._unrolled_ends = self._last_cache_key = self._cache_revision = None
         self._keys_checked = False
 
 

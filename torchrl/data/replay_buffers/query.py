@@ -73,7 +73,7 @@ class Trajectory(TensorClass["nocast"]):
         >>> t.length, len(t), float(t.total_reward), t.obs.tolist()
         (4, 4, 4.0, [0, 1, 2, 3])
         >>> t[1:3]
-        Trajectory(length=2, keys=['next', 'obs'])
+        Trajectory(length=2, keys=['obs', 'next'])
     """
 
     data: TensorDictBase
@@ -109,7 +109,7 @@ class Trajectory(TensorClass["nocast"]):
         return super().__getitem__(index)
 
     def __repr__(self) -> str:
-        return f"Trajectory(length={self.length}, keys={_key_list(self.data)})"
+        return f"Trajectory(length={self.length}, keys={list(self.data.keys())})"  # insertion order
 
 
 def _key_list(data: TensorDictBase) -> list:
@@ -538,8 +538,6 @@ class TrajectoryPredicate:
         >>> long, (long & (traj.length > 1)).required_keys()
         (TrajectoryPredicate(longer than 2), None)
     """
-
-    __hash__ = None
 
     def __init__(self, fn: Callable[[Trajectory], bool], description: str = "predicate", keys=None):
         if not callable(fn):

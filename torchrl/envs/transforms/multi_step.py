@@ -63,12 +63,6 @@ def _as_tuple(key) -> tuple:
     return (key,) if isinstance(key, str) else tuple(key)
 
 
-def _original_key(reward_key) -> tuple:
-    """Where the reward of one step is kept: ``("next", "original_reward")`` for ``"reward"``."""
-    path = _as_tuple(reward_key)
-    return ("next", *path[:-1], f"original_{path[-1]}")
-
-
 def check_gamma(gamma) -> float:
     """``gamma`` as a float in ``(0, 1]``; ``TypeError`` for a non-number, ``ValueError`` out of range."""
     if not is_real(gamma):
@@ -95,15 +89,16 @@ class MultiStepTransform(Transform):
     steps of each write and processes them with the next one (see the module docstring): the stored data equals
     :class:`~torchrl.data.MultiStep` over the whole stream, for any chunking.
 
-    Each stored step ``t`` gets the entries of :class:`~torchrl.data.MultiStep`, ``m`` being the number of steps
-    looked ahead (``n_steps``, fewer before the end of a trajectory):
+    Each stored step ``t`` gets the entries of :class:`~torchrl.data.MultiStep` (TorchRL's semantics), ``k + 1``
+    being the number of steps looked ahead (``n_steps``, fewer before the end of a trajectory):
 
-    - ``("next", reward_key)``: the discounted sum of the ``m`` rewards, for each of ``reward_keys``; the step's
-      own reward goes to ``("next", "original_reward")`` (``("next", ..., "original_<name>")`` for a reward key
-      named otherwise);
-    - every other ``"next"`` entry: its value at step ``t + m - 1`` (so ``("next", "observation")`` is the
-      observation ``m`` steps ahead);
-    - ``"steps_to_next_obs"`` (``m``), ``"gamma"`` (``gamma ** m``) and ``"nonterminal"``.
+    - ``("next", reward_key)``: the discounted sum of the ``k + 1`` rewards, for each of ``reward_keys``; the
+      step's own reward goes to ``("next", "original_reward")`` (with several reward keys, each to
+      ``("next", ..., "original_<name>")``);
+    - every other ``"next"`` entry but ``done_keys``: its value at step ``t + k`` (so ``("next",
+      "observation")`` is the observation ``k + 1`` steps ahead); the done flags stay those of step ``t``;
+    - ``"steps_to_next_obs"`` (``k + 1``), ``"gamma"`` (``gamma ** (k + 1)``) and ``"nonterminal"`` (``k != 0``
+      and the step's ``mask_key`` flag, when present).
 
     A write that leaves ``n_steps`` steps or fewer held stores nothing (the buffer's ``extend`` returns an empty
     index). Data of batch size ``[*B, T]`` (batched environments, time last) needs a storage with ``ndim=2`` and
@@ -127,10 +122,10 @@ class MultiStepTransform(Transform):
             Defaults to ``["reward"]``.
         done_key (NestedKey, optional): the flag that ends a trajectory, read under ``"next"``. Defaults to
             ``"done"``.
-        done_keys (list of NestedKey, optional): the end-of-step flags; the one named ``"terminated"`` (else
-            ``done_key``) sets ``"nonterminal"``. Defaults to ``["done", "truncated", "terminated"]``.
-        mask_key (NestedKey, optional): a per-step validity flag; a step followed by an invalid one ends its
-            look-ahead. Defaults to ``"mask"``.
+        done_keys (list of NestedKey, optional): the end-of-step flags, kept as they are (not looked ahead).
+            Defaults to ``["done", "truncated", "terminated"]``.
+        mask_key (NestedKey, optional): a per-step validity flag: ``"nonterminal"`` is ``False`` where it is
+            ``False``. Defaults to ``"mask"``.
 
     Examples:
         >>> import torch
@@ -190,18 +185,12 @@ class MultiStepTransform(Transform):
     def gamma(self, value: float) -> None:
         self._gamma = check_gamma(value)
 
-    def _terminated_key(self):
-        for key in self.done_keys:
-            if _as_tuple(key)[-1] == "terminated":
-                return key
-        return self.done_key
-
-    def _multistep(self, reward_key) -> MultiStep:
+    def _multistep(self) -> MultiStep:
         from torchrl.data.postprocs.postprocs import MultiStep  # NOTE [deferred torchrl.data imports]
 
         module = MultiStep(self.gamma, self.n_steps)
-        module.reward_key, module.done_key, module.mask_key = reward_key, self.done_key, self.mask_key
-        module.terminated_key = self._terminated_key()
+        module.reward_keys, module.done_key = list(self.reward_keys), self.done_key
+        module.done_keys, module.mask_key = list(self.done_keys), self.mask_key
         return module
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -220,18 +209,13 @@ class MultiStepTransform(Transform):
         if length <= n:
             self._buffer = window.clone()
             return None
-        out = self._multistep(self.reward_keys[0])(window)
-        original = out.get(("next", "original_reward"))
-        if _original_key(self.reward_keys[0]) != ("next", "original_reward"):
-            del out["next", "original_reward"]
-        out.set(_original_key(self.reward_keys[0]), original)
-        for key in self.reward_keys[1:]:  # each further reward, summed over the same look-ahead
-            keys = [("next", key), ("next", self.done_key), ("next", self._terminated_key()), self.mask_key]
-            extra = self._multistep(key)(window.select(*keys, strict=False))
-            out.set(("next", key), extra.get(("next", key)))
-            out.set(_original_key(key), extra.get(("next", "original_reward")))
+        out = self._multistep()(window)
         self._buffer = window[..., length - n:].clone()
         return out[..., : length - n]
+
+    def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase | None:
+        """TorchRL's name of the write path (its tests call ``transform._inv_call(rollout)``): :meth:`inv`."""
+        return self.inv(tensordict)
 
     def _window(self, data) -> TensorDictBase:
         """The held steps followed by ``data`` (checked: a TensorDict with a time dim and the needed keys)."""
