@@ -11,7 +11,14 @@ import time
 import pytest
 import torch
 
-from torchrl.data import LazyMemmapStorage, LazyTensorStorage, RateLimitedReplayBuffer, SampleToInsertRatio
+from torchrl.data import (
+    LazyMemmapStorage,
+    LazyTensorStorage,
+    RateLimitedReplayBuffer,
+    ReplayBuffer,
+    SampleToInsertRatio,
+)
+from torchrl.data.replay_buffers.replay_buffers import _service_backend
 from torchrl.data.replay_buffers.training_state import load_training_state, save_training_state
 
 
@@ -33,10 +40,15 @@ def test_samples_per_insert_not_finite_positive(spi):
         RateLimitedReplayBuffer(samples_per_insert=spi)
 
 
-@pytest.mark.parametrize("kwargs", [{"service_backend": "ray"}, {"use_ray_service": True}])
-def test_a_remote_service_backend_is_refused(kwargs):
+def test_a_backend_that_does_not_forward_the_waits_is_refused(monkeypatch):
+    # "ray" is accepted (test/ray_buffer/test_ray_ratelimit_budget.py); a backend registered elsewhere is not.
+    built = []
+    monkeypatch.setitem(_service_backend._FACTORIES, "elsewhere", lambda cls, *a, **k: built.append(cls))
     with pytest.raises(ValueError, match="does not support service_backend="):
-        RateLimitedReplayBuffer(samples_per_insert=1.0, **kwargs)
+        RateLimitedReplayBuffer(samples_per_insert=1.0, service_backend="elsewhere")
+    assert built == []
+    ReplayBuffer(service_backend="elsewhere")  # the backend itself works for buffers that need no readiness
+    assert built == [ReplayBuffer]
 
 
 def test_a_rate_limiter_keyword_is_refused():

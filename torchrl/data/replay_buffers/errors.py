@@ -531,9 +531,10 @@ TORCHRL_PHRASES: dict[str, TorchRLPhrase] = {
     "rate_service_backend": TorchRLPhrase(
         ValueError,
         "does not support service_backend=",
-        "{cls} does not support service_backend={backend!r}: its sample budget is reserved in this process and "
-        "the processes sharing the buffer. Use service_backend='direct' and share the buffer (rb.share(), or "
-        "rb.as_dataset() for DataLoader workers).",
+        "{cls} does not support service_backend={backend!r}: its sample budget is reserved where the buffer lives, "
+        "and only the 'direct' and 'ray' backends forward sample(wait=...) and can_sample. Use "
+        "service_backend='direct' (share the buffer: rb.share(), or rb.as_dataset() for DataLoader workers) or "
+        "service_backend='ray'.",
     ),
     "rate_shut_down": TorchRLPhrase(
         RuntimeError,

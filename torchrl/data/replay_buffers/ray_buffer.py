@@ -23,7 +23,7 @@ import uuid
 from typing import Any
 
 from torchrl.data.replay_buffers._ray.dataset import RayReplayBufferDataset
-from torchrl.data.replay_buffers._ray.host import SELF, BufferHost, check_constructors
+from torchrl.data.replay_buffers._ray.host import CANCELLED, SELF, BufferHost, check_constructors
 from torchrl.data.replay_buffers._ray.runtime import (
     RuntimeLease,
     check_not_forked,
@@ -32,9 +32,11 @@ from torchrl.data.replay_buffers._ray.runtime import (
     import_ray,
     ray_shut_down_error,
 )
+from torchrl.data.replay_buffers._ray.waiting import poll_until
 from torchrl.data.replay_buffers._ray.wire import decode, decode_all
 from torchrl.data.replay_buffers.loading.worker_transport import DEFAULT_TRANSPORT
 from torchrl.data.replay_buffers.replay_buffers import ReplayBuffer
+from torchrl.data.replay_buffers.replay_buffers._readiness import check_wait_args
 from torchrl.data.replay_buffers.replay_buffers._service_backend import (
     check_service_options,
     register_service_backend,
@@ -83,7 +85,8 @@ class RayReplayBufferClient:
     task or actor, a spawned process, a DataLoader worker), connecting that process to the same cluster first if
     it is not connected. Get clients from ``rb.client()`` / ``rb.clients(n)``.
 
-    Methods forwarded: ``add``, ``extend``, ``sample``, ``update_priority``, ``update_tensordict_priority``,
+    Methods forwarded: ``add``, ``extend``, ``sample`` (with ``wait``/``timeout``/``cancel_event``, waiting in this
+    process: see :meth:`sample`), ``can_sample``, ``stats``, ``update_priority``, ``update_tensordict_priority``,
     ``len()``, ``empty``, ``state_dict``/``load_state_dict``, ``dumps``/``loads`` (run by the actor, so ``path``
     is a path on the actor's machine), ``append_transform``/``insert_transform``, ``next``, iteration,
     ``rb[index]``, and the properties ``batch_size``, ``write_count`` and ``dim_extend``. Any other public name
@@ -214,13 +217,30 @@ class RayReplayBufferClient:
         return functools.partial(self._call, name)
 
     # -- writes ---------------------------------------------------------------------------------------------------
-    def add(self, data):
-        """Writes one item in the actor's buffer; returns its index."""
-        return self._call("add", self._cpu(data))
+    def add(self, data, *, timeout: float | None = None):
+        """Writes one item in the actor's buffer; returns its index. ``timeout``: see :meth:`extend`."""
+        return self._write("add", data, timeout, {})
 
-    def extend(self, data, **kwargs):
-        """Writes a batch in the actor's buffer; returns the written indices."""
-        return self._call("extend", self._cpu(data), **kwargs)
+    def extend(self, data, *, timeout: float | None = None, **kwargs):
+        """Writes a batch in the actor's buffer; returns the written indices.
+
+        With a ``rate_limiter`` that blocks inserts (:class:`~torchrl.data.SampleToInsertRatio`), the wait for
+        its permission runs here, as attempts that never wait in the actor, up to ``timeout`` seconds (``None``:
+        as long as it takes), then raises the ``TimeoutError`` of a local buffer."""
+        return self._write("extend", data, timeout, kwargs)
+
+    def _write(self, method: str, data, timeout, kwargs: dict):
+        if timeout is not None:
+            timeout = check_wait_args(False, timeout, None)
+        payload = [self._cpu(data)]
+
+        def attempt(first: bool):
+            if not first and not isinstance(payload[0], import_ray().ObjectRef):
+                payload[0] = import_ray().put(payload[0])  # sent once, not once per attempt
+            return self._remote("poll_write", method, payload[0], kwargs, timeout, first)
+
+        out = poll_until(attempt, timeout=timeout)
+        return self if out is SELF else out
 
     def update_priority(self, index, priority) -> None:
         """Sets priorities in the actor's sampler (prioritized buffers)."""
@@ -241,13 +261,45 @@ class RayReplayBufferClient:
         self._call("mark_update", index)
 
     # -- reads ----------------------------------------------------------------------------------------------------
-    def sample(self, batch_size: int | None = None, return_info: bool = False):
+    def sample(self, batch_size: int | None = None, return_info: bool = False, *, wait: bool = False,
+               timeout: float | None = None, cancel_event=None):
         """A batch sampled (and transformed) by the actor's buffer; see :meth:`ReplayBuffer.sample
         <torchrl.data.ReplayBuffer.sample>`. A dense TensorDict or tensor batch travels as numpy arrays: its
-        tensors view Ray's object store (no copy), which keeps that memory while they are referenced."""
-        data, info = self._remote("sample", batch_size, bool(return_info))
+        tensors view Ray's object store (no copy), which keeps that memory while they are referenced.
+
+        ``wait=True`` waits here, not in the actor: this client sends attempts that never wait and sleeps
+        between them (a few ms at most), so the actor keeps serving the other clients, the writers included,
+        and each attempt draws atomically from the buffer's budget (a ``RateLimitedReplayBuffer``, a
+        ``rate_limiter``). ``timeout`` and ``cancel_event`` (checked in this process) end the wait with the
+        errors of a local buffer (see NOTE [waiting through a Ray actor] in ``_ray/waiting.py``)."""
+        if wait is False and timeout is None and cancel_event is None:
+            data, info = self._remote("sample", batch_size, bool(return_info))
+        else:
+            timeout = check_wait_args(wait, timeout, cancel_event)
+            if wait:
+                def attempt(first: bool):
+                    event = CANCELLED if first and cancel_event is not None and cancel_event.is_set() else None
+                    return self._remote("poll_sample", batch_size, bool(return_info), first, event)
+
+                data, info = poll_until(attempt, timeout=timeout, cancel_event=cancel_event)
+            else:
+                readiness = {"timeout": timeout} if timeout is not None else {}
+                if cancel_event is not None:
+                    readiness["cancel_event"] = CANCELLED if cancel_event.is_set() else None
+                data, info = self._remote("sample", batch_size, bool(return_info), readiness)
         data = decode(data)  # see _ray/wire.py: the batch's tensors view Ray's object store (no copy)
         return (data, info) if return_info else data
+
+    def can_sample(self, batch_size: int | None = None) -> bool:
+        """Whether the actor's buffer can serve a batch of ``batch_size`` now (its sampler's readiness and its
+        rate limiter's permission); see :meth:`ReplayBuffer.can_sample <torchrl.data.ReplayBuffer.can_sample>`.
+        Advisory: another client may draw first."""
+        return self._call("can_sample", batch_size)
+
+    def stats(self) -> dict[str, Any]:
+        """The actor's buffer ``stats()``: sizes, the cumulative readiness counters and, for a rate-limited
+        buffer, its budget entries (``sample_budget``, ``target_samples_per_insert``, ...)."""
+        return self._call("stats")
 
     def sample_raw(self, batch_size: int | None = None):
         """A batch sampled by the actor's buffer without its forward transforms (:meth:`sample_transform`)."""

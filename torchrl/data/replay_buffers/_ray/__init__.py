@@ -3,6 +3,7 @@
 - ``host``: the actor that hosts a buffer and runs its methods;
 - ``runtime``: starting Ray and the actor, with timeouts;
 - ``wire``: what travels between clients and the actor (raw batches, transforms);
+- ``waiting``: ``sample(wait=True)`` and limited writes wait in the client, as attempts that never wait in the actor;
 - ``dataset``: :class:`RayReplayBufferDataset`, DataLoader workers reading through clients of the actor
   (public through ``ray_buffer`` and ``torchrl.data``).
 """

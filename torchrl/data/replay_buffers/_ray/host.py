@@ -9,6 +9,10 @@ buffer itself (``append_transform`` returns ``self``) returns :data:`SELF` inste
 object store by ``wire.py``) samples without the buffer's forward transforms, and
 :meth:`BufferHost.sample_transform` returns them: ``RayReplayBuffer.as_dataset`` runs the transforms in the
 DataLoader workers while the sampler's state stays in the actor.
+
+:meth:`BufferHost.poll_sample` and :meth:`BufferHost.poll_write` are the attempts of a client that waits
+(``sample(wait=True)``, a rate-limited ``extend``): they never wait in the actor (NOTE [waiting through a Ray
+actor] in ``waiting.py``).
 """
 
 from __future__ import annotations
@@ -19,12 +23,13 @@ import inspect
 from torch import nn
 
 from torchrl.data.replay_buffers._ray.wire import encode, encode_all
+from torchrl.data.replay_buffers.replay_buffers._batch_layout import items_in
 from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.data.replay_buffers.storages import Storage
 from torchrl.data.replay_buffers.writers import Writer
 from torchrl.envs.transforms import Transform
 
-__all__ = ["SELF", "BufferHost", "check_constructors"]
+__all__ = ["CANCELLED", "SELF", "BufferHost", "check_constructors"]
 
 # The keyword arguments built inside the actor, and the class of what each constructor must return.
 COMPONENTS = {"storage": Storage, "sampler": Sampler, "writer": Writer, "transform": (Transform, nn.Module)}
@@ -45,6 +50,26 @@ def _self_marker() -> _SelfMarker:
 
 
 SELF = _SelfMarker()
+
+
+class _CancelledEvent:
+    """A ``cancel_event`` that is set: what a client sends for its own event, which cannot travel, once it is set."""
+
+    def is_set(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "CANCELLED"
+
+    def __reduce__(self):
+        return (_cancelled_event, ())
+
+
+def _cancelled_event() -> _CancelledEvent:
+    return CANCELLED
+
+
+CANCELLED = _CancelledEvent()
 
 
 def check_constructors(kwargs: dict) -> None:
@@ -110,6 +135,10 @@ class BufferHost:
     def __init__(self, replay_buffer_cls: type, args: tuple, kwargs: dict) -> None:
         self._error: BaseException | None = None
         self.buffer = None
+        # The limiter passed to the buffer (the same object, which the buffer keeps): poll_write asks it whether
+        # an insert is permitted, from the buffer's public stats().
+        limiter = kwargs.get("rate_limiter")
+        self._insert_limiter = limiter if getattr(limiter, "blocks_inserts", False) else None
         try:
             self.buffer = replay_buffer_cls(*args, **_build_components(kwargs))
         except Exception as err:  # raised by ready(), in the creating process
@@ -142,11 +171,53 @@ class BufferHost:
     def set(self, name: str, value) -> None:
         setattr(self.buffer, name, value)
 
-    def sample(self, batch_size: int | None, return_info: bool):
-        """``buffer.sample(batch_size, return_info)`` with the batch encoded for the object store
-        (``wire.encode``; the info dict travels as it is)."""
-        out = self.buffer.sample(batch_size, return_info=return_info)
+    def sample(self, batch_size: int | None, return_info: bool, readiness: dict | None = None):
+        """``buffer.sample(batch_size, return_info, **readiness)`` with the batch encoded for the object store
+        (``wire.encode``; the info dict travels as it is). ``readiness`` holds the ``timeout`` and
+        ``cancel_event`` (:data:`CANCELLED` or ``None``) of a ``wait=False`` call, passed only when given."""
+        out = self.buffer.sample(batch_size, return_info=return_info, **(readiness or {}))
         return (encode(out[0]), out[1]) if return_info else (encode(out), None)
+
+    def poll_sample(self, batch_size: int | None, return_info: bool, first: bool, cancel_event=None):
+        """One attempt of a client's ``sample(wait=True)``: ``(True, (batch, info), None)``, or ``(False, None,
+        message)`` when the buffer cannot serve it now. The first attempt is the buffer's own wait with a zero
+        timeout (it counts the wait and returns its ``TimeoutError`` message); the next ones draw only when
+        ``can_sample`` says yes, and count nothing. Never waits (NOTE [waiting through a Ray actor])."""
+        if not first and not self.buffer.can_sample(batch_size):
+            return False, None, None
+        try:
+            out = self.buffer.sample(batch_size, return_info=True, wait=True, timeout=0.0,
+                                     cancel_event=cancel_event)  # fmt: skip
+        except TimeoutError as err:
+            return False, None, str(err)
+        return True, (encode(out[0]), out[1] if return_info else None), None
+
+    def _insert_permitted(self, n: int) -> bool:
+        """Whether the buffer's limiter permits writing ``n`` items now (read from the public ``stats()``)."""
+        stats = self.buffer.stats()
+        pending = stats.get("reserved_inserts", 0)
+        return self._insert_limiter.insert_permitted(
+            inserts=stats["write_count"] + pending, samples=stats["samples_returned"],
+            size=stats["size"] + pending, n=n,
+        )  # fmt: skip
+
+    def poll_write(self, method: str, data, kwargs: dict, timeout: float | None, first: bool):
+        """One attempt of a client's ``add``/``extend`` (``method``): ``(True, result, None)``, or ``(False, None,
+        message)`` while a limiter that blocks inserts refuses it. Without such a limiter the write runs at once
+        (``timeout`` is the buffer's to check). With one, the first attempt is the buffer's own wait with a zero
+        timeout (it counts the wait and returns its ``TimeoutError`` message); the next ones write only when the
+        limiter permits it. Never waits (NOTE [waiting through a Ray actor])."""
+        write = getattr(self.buffer, method)
+        if self._insert_limiter is None:
+            out = write(data, **kwargs) if timeout is None else write(data, timeout=timeout, **kwargs)
+            return True, SELF if out is self.buffer else out, None
+        if not first and not self._insert_permitted(1 if method == "add" else items_in(data)):
+            return False, None, None
+        try:
+            out = write(data, timeout=0.0, **kwargs)
+        except TimeoutError as err:
+            return False, None, str(err)
+        return True, SELF if out is self.buffer else out, None
 
     def sample_raw(self, batch_size: int | None = None):
         """``buffer.sample(batch_size)`` without the forward transforms (see :meth:`sample_transform`): the

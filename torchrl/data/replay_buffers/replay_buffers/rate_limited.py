@@ -4,7 +4,9 @@ Budget = ``floor(write_count * samples_per_insert) - samples_returned - reserved
 records is permitted when the sampler can draw it and the budget covers ``b``; the reservation is taken and given
 back atomically under the buffer's flow lock, which is a cross-process lock once the buffer is shared, so writer
 processes, the learner and DataLoader workers share one budget (NOTE [readiness and waiting] in
-``_readiness.py``). Inserts never wait (Reverb's two-sided limiters: ``rate_limiter=`` on any buffer).
+``_readiness.py``). Hosted in a Ray actor (``service_backend="ray"``), the budget lives in the actor and every
+client draws from it in one atomic actor step, waiting in its own process (NOTE [waiting through a Ray actor] in
+``_ray/waiting.py``). Inserts never wait (Reverb's two-sided limiters: ``rate_limiter=`` on any buffer).
 """
 
 from __future__ import annotations
@@ -13,14 +15,14 @@ from typing import Any
 
 from torchrl.data.replay_buffers._checkpoint.parts import PartContext
 from torchrl.data.replay_buffers.errors import CheckpointError
-from torchrl.data.replay_buffers.replay_buffers._direct_only import DirectOnlyMeta
+from torchrl.data.replay_buffers.replay_buffers._direct_only import ReadinessBackendMeta
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.rate_limiters import SampleBudget, check_samples_per_insert
 
 __all__ = ["RateLimitedReplayBuffer"]
 
 
-class RateLimitedReplayBuffer(ReplayBuffer, metaclass=DirectOnlyMeta):
+class RateLimitedReplayBuffer(ReplayBuffer, metaclass=ReadinessBackendMeta):
     """A replay buffer that samples at most ``samples_per_insert`` records per inserted item.
 
     The counters are cumulative (``write_count``, ``samples_returned``), so the budget stays meaningful after the
@@ -31,16 +33,20 @@ class RateLimitedReplayBuffer(ReplayBuffer, metaclass=DirectOnlyMeta):
     process draws from one budget, none over-drawing it.
 
     Beyond TorchRL (which refuses prefetching): with ``prefetch=k`` a batch is sampled ahead only when the budget
-    covers it at once, and counts against the budget when it is drawn.
+    covers it at once, and counts against the budget when it is drawn. Beyond TorchRL (which refuses every
+    ``service_backend`` but ``"direct"``): ``service_backend="ray"`` hosts the buffer in a Ray actor
+    (a :class:`~torchrl.data.RayReplayBuffer`): one budget for every client, whose ``sample(wait=True,
+    timeout=..., cancel_event=...)`` waits in the client's process and ``stats()`` returns the actor's.
 
     Keyword Args:
         samples_per_insert (float): the records each inserted item pays for (finite, ``> 0``).
-        **kwargs: the other arguments of :class:`~torchrl.data.ReplayBuffer` (``service_backend`` must stay
-            ``"direct"``; ``rate_limiter`` is refused: this buffer is its own limiter).
+        **kwargs: the other arguments of :class:`~torchrl.data.ReplayBuffer` (``service_backend`` is
+            ``"direct"`` or ``"ray"``; ``rate_limiter`` is refused: this buffer is its own limiter).
 
     Raises:
         TypeError: ``samples_per_insert`` is not a real number (or is a bool).
-        ValueError: ``samples_per_insert`` is not finite or ``<= 0``; ``service_backend`` is not ``"direct"``.
+        ValueError: ``samples_per_insert`` is not finite or ``<= 0``; ``service_backend`` is neither
+            ``"direct"`` nor ``"ray"`` (a backend registered elsewhere does not forward the waits).
 
     Examples:
         >>> import torch
@@ -54,13 +60,44 @@ class RateLimitedReplayBuffer(ReplayBuffer, metaclass=DirectOnlyMeta):
     """
 
     def __init__(self, *, samples_per_insert: float, **kwargs: Any) -> None:
+        spi = self._check_own_arguments(samples_per_insert, kwargs)
+        super().__init__(rate_limiter=SampleBudget(spi), **kwargs)
+
+    @staticmethod
+    def _check_own_arguments(samples_per_insert, kwargs: dict) -> float:
         spi = check_samples_per_insert(samples_per_insert)
         if "rate_limiter" in kwargs:
             raise TypeError(
                 "RateLimitedReplayBuffer is its own rate limiter (samples_per_insert): `rate_limiter` is refused. "
                 "Use ReplayBuffer(rate_limiter=SampleToInsertRatio(...)) for a Reverb limiter."
             )
-        super().__init__(rate_limiter=SampleBudget(spi), **kwargs)
+        return spi
+
+    @classmethod
+    def check_hosted_kwargs(cls, kwargs: dict[str, Any]) -> None:
+        """Checks this class's own keywords (``samples_per_insert``, no ``rate_limiter``) for a buffer built in
+        a service (``service_backend="ray"``), so that a bad one raises before the actor starts.
+
+        Raises:
+            TypeError: ``samples_per_insert`` is missing or not a real number; a ``rate_limiter`` is passed.
+            ValueError: ``samples_per_insert`` is not finite or ``<= 0``.
+
+        Examples:
+            >>> from torchrl.data import RateLimitedReplayBuffer
+            >>> RateLimitedReplayBuffer.check_hosted_kwargs({"samples_per_insert": 0.5, "batch_size": 2})
+            >>> try:  # refused before any Ray actor starts
+            ...     RateLimitedReplayBuffer(samples_per_insert=0.0, service_backend="ray")
+            ... except ValueError as err:
+            ...     print(type(err).__name__, "samples_per_insert" in str(err))
+            ValueError True
+        """
+        if "samples_per_insert" not in kwargs:
+            raise TypeError(
+                f"{cls.__name__}() missing the keyword argument `samples_per_insert` (the records each inserted "
+                f"item pays for): pass e.g. samples_per_insert=1.0."
+            )
+        cls._check_own_arguments(kwargs["samples_per_insert"], {k: v for k, v in kwargs.items()
+                                                                if k != "samples_per_insert"})
 
     @property
     def samples_per_insert(self) -> float:
