@@ -55,6 +55,7 @@ from torchrl.data.replay_buffers.samplers.segment_tree import (
     _as_index_array,
     _as_value_array,
     _last_wins,
+    update_sum_and_min,
 )
 
 __all__ = ["PrioritizedSampler", "REDUCTIONS", "check_priorities", "reduce_priority"]
@@ -76,10 +77,9 @@ class PrioritizedSampler(Sampler):
     ``(q_i / q_min) ** -beta`` of the drawn items, ``q = (p + eps) ** alpha``, in ``(0, 1]``. Written items
     (``mark_update``/``extend``/``add``) get :attr:`default_priority`, the largest priority seen, so they are
     sampled at least once soon; learners then call :meth:`update_priority`. The sums live in a float64
-    segment tree: sampling and updating a batch cost ``O(batch * log(max_capacity))``. In numbers: drawing 256
-    of 100k items, reading them and updating their priorities takes about 3.5x a uniform draw of the same
-    batch on a 2-core CPU (~150 us of sampler time); ``python benchmarks/test_prioritized_benchmark.py``
-    prints the comparison, part by part, on your machine.
+    segment tree: sampling and updating a batch cost ``O(batch * log(max_capacity))``, in compiled loops when
+    the ``numba`` extra is installed (identical draws either way; ``TORCHRL_SEGMENT_TREE_KERNEL=numpy`` forces
+    the numpy loops); ``python benchmarks/per_tree.py`` compares it with a uniform draw on your machine.
 
     Stateful (priorities), so a private DataLoader worker copy would sample from stale priorities
     (``requires_shared_state = True``); it can share its state (``can_share_state = True``):
@@ -358,6 +358,10 @@ class PrioritizedSampler(Sampler):
         return 1.0 if self._max_priority is None else self._max_priority
 
     # -- sampling -------------------------------------------------------------------------------------------
+    def can_sample(self, storage, batch_size: int) -> bool:
+        """``True`` once ``storage`` holds an item and the stored items' priorities sum to more than zero."""
+        return len(storage) > 0 and self._sum_tree.total > 0
+
     def sample(self, storage, batch_size: int) -> tuple[Any, dict[str, torch.Tensor]]:
         """Draws ``batch_size`` positions of ``storage`` in proportion to their priorities.
 
@@ -389,6 +393,11 @@ class PrioritizedSampler(Sampler):
             # No priority past the stored items: the whole tree is searched (its fast path). Otherwise priorities
             # were set past len(storage) (a standalone sampler: update_priority without storage).
             drawn = self._sum_tree.draw(u, end=None if self._written_end <= n else n)
+            if drawn is None and self._written_end > n:
+                # items written (and given priorities) since len(storage) was read, as another process may
+                # have done before this one took the lock: they are stored, so they may be drawn
+                n = min(len(storage), self._capacity)
+                drawn = self._sum_tree.draw(u, end=None if self._written_end <= n else n)
             if drawn is not None:
                 q_min, beta = self._stored_min(n), self._beta
         if drawn is None:
@@ -451,11 +460,15 @@ class PrioritizedSampler(Sampler):
             return
         if storage is not None and end > len(storage):
             self._refuse_unwritten(flat, len(storage))
-        check_priorities(values)
-        flat, values = _last_wins(flat, values)
+        top = values.max()
+        if not (top < np.inf and values.min() >= 0):  # NaN fails the first test
+            check_priorities(values)  # raises, naming the bad values
+        flat, kept = _last_wins(flat, values)
+        if kept is not values:  # repeated positions: only the last value of each counts
+            top = kept.max()
         with self._guard.write(self._repair_state):
-            self._write(flat, values, end)
-            self._track_max(flat, values, float(values.max()))
+            self._write(flat, kept, end)
+            self._track_max(flat, kept, float(top))
 
     def mark_update(self, index, *, storage=None) -> None:
         """Gives the written items at ``index`` the :attr:`default_priority` (``-1`` entries skipped).
@@ -680,9 +693,7 @@ class PrioritizedSampler(Sampler):
         if end > self._written_end:
             self._written_end = end
         self._priority[flat] = raw
-        q = self._expressed(raw)
-        self._sum_tree.update_unique(flat, q)
-        self._min_tree.update_unique(flat, np.where(q > 0, q, np.inf))
+        update_sum_and_min(self._sum_tree, self._min_tree, flat, self._expressed(raw))
 
     def _expressed(self, raw: np.ndarray) -> np.ndarray:
         """``(raw + eps) ** alpha`` at the precision of the leaves: float64 for ``dtype=torch.float64``, else
@@ -690,7 +701,8 @@ class PrioritizedSampler(Sampler):
         q = np.power(raw + self._eps, self._alpha)
         if self._dtype is torch.float64:
             return q
-        return np.minimum(q, _FLOAT32_MAX).astype(np.float32).astype(np.float64)
+        np.minimum(q, _FLOAT32_MAX, out=q)
+        return q.astype(np.float32).astype(np.float64)
 
     def _track_max(self, flat: np.ndarray, values: np.ndarray, top: float) -> None:
         """Updates the max priority after ``values`` (largest: ``top``) were written at ``flat``."""

@@ -1,4 +1,4 @@
-"""Vectorized sum and min segment trees over float64 leaves (numpy, no compiled extension).
+"""Vectorized sum and min segment trees over float64 leaves (numpy; compiled loops with the ``numba`` extra).
 
 A segment tree keeps a reduction (sum or min) of every aligned block of its leaves, so that a range
 reduction and, for sums, a prefix-sum search cost ``O(log capacity)`` instead of ``O(capacity)``. The
@@ -17,6 +17,17 @@ slots of the flat level and a search starts with one ``cumsum`` + ``searchsorted
 than maintaining 11 more levels on every update. Every operation takes a batch and runs a fixed number of
 numpy calls per level, never a Python loop over items.
 
+A :class:`MinSegmentTree` keeps only its leaves and the flat level (the same slots, so the array and its
+pickles keep the layout above): flat slot ``2 ** f + b`` is the minimum of the block ``b`` of
+``size >> f`` leaves. An update lowers the minimum of its block or, when the leaf that held it grew,
+recomputes that block from its leaves (one block scan; rare, as one leaf of a block holds its minimum), so
+that an update touches one leaf and one flat slot instead of a slot per level. A range minimum scans the
+leaves of its partial blocks at both ends.
+
+With the ``numba`` extra installed, the per-level loops of updates and searches run compiled instead, with
+bit-identical results (see :mod:`._tree_kernels` and its NOTE [identical draws]); ``kernel="numpy"`` or
+``TORCHRL_SEGMENT_TREE_KERNEL=numpy`` keeps the numpy calls.
+
 The array can move to shared memory (:meth:`~_SegmentTree.share_memory_`), so that DataLoader workers sample
 from the tree the main process updates; the tree itself takes no lock (the prioritized samplers do).
 """
@@ -32,6 +43,7 @@ import torch
 
 from torchrl._validation import check_int, check_positive_int, is_int
 from torchrl.data.replay_buffers._shared.arrays import SharedArray
+from torchrl.data.replay_buffers.samplers._tree_kernels import compiled_kernels, resolve_kernel
 
 # Levels from the root whose slots ``update`` recomputes whole and ``scan_lower_bound`` searches with one
 # cumsum: 2 ** 11 slots is where a contiguous pass becomes cheaper than per-level scattered gathers.
@@ -111,17 +123,33 @@ def _last_wins(index: np.ndarray, value: np.ndarray) -> tuple[np.ndarray, np.nda
     return ordered[keep], value[order[keep]]
 
 
+def _int64(array: np.ndarray) -> np.ndarray:
+    """``array`` as a contiguous int64 array (no copy when it is one): what the compiled loops take."""
+    if array.dtype != np.int64 or not array.flags.c_contiguous:
+        return np.ascontiguousarray(array, dtype=np.int64)
+    return array
+
+
+def _float64(array: np.ndarray) -> np.ndarray:
+    """``array`` as a contiguous float64 array (no copy when it is one)."""
+    if array.dtype != np.float64 or not array.flags.c_contiguous:
+        return np.ascontiguousarray(array, dtype=np.float64)
+    return array
+
+
 class _SegmentTree:
     """Shared machinery of the sum and min trees (``_ufunc``/``_reduce_two``/``identity`` vary)."""
 
     identity: float
     _ufunc: np.ufunc
+    _compiled_update: str  # the name of the compiled update loop in compiled_kernels()
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, kernel: str | None = None) -> None:
         self._capacity = check_positive_int("capacity", capacity)
         self._depth = (self._capacity - 1).bit_length()
         self._size = 1 << self._depth
         self._flat_level = min(self._depth, _FLAT_LEVEL)
+        self._kernel = resolve_kernel(kernel)
         self._store = SharedArray(np.full(2 * self._size, self.identity, dtype=np.float64))
         self._make_views()
 
@@ -130,6 +158,9 @@ class _SegmentTree:
         self._tree = self._store.array
         self._pairs = self._tree.view(np.complex128)
         self._leaves = self._tree[self._size :]
+        self._jit = compiled_kernels() if self._kernel == "numba" else None
+        if self._jit is None:
+            self._kernel = "numpy"
 
     # -- public API -----------------------------------------------------------------------------------------
     @property
@@ -146,6 +177,11 @@ class _SegmentTree:
 
     def __len__(self) -> int:
         return self._capacity
+
+    @property
+    def kernel(self) -> str:
+        """How the per-level loops run: ``"numba"`` (compiled) or ``"numpy"``; both give identical results."""
+        return self._kernel
 
     @property
     def is_shared(self) -> bool:
@@ -267,13 +303,15 @@ class _SegmentTree:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        for view in ("_tree", "_pairs", "_leaves"):  # views of the store, which travels (shared or by value)
+        for view in ("_tree", "_pairs", "_leaves", "_jit"):  # views of the store (which travels) and compiled code
             state.pop(view, None)
         return state
 
     def __setstate__(self, state) -> None:
         if "_store" not in state:  # pickled before the store existed: the array itself travelled
             state["_store"] = SharedArray(state.pop("_tree"))
+        # pickled before the kernel choice, or by a process with numba: re-resolved here (identical results)
+        state["_kernel"] = resolve_kernel(state.get("_kernel", None))
         self.__dict__.update(state)
         self._make_views()
 
@@ -318,6 +356,11 @@ class _SegmentTree:
 
     def _update_unique(self, index: np.ndarray, value: np.ndarray) -> None:
         """Writes leaves (``index`` in range, without repeats) and re-reduces their ancestors."""
+        if self._jit is not None:
+            self._jit[self._compiled_update](
+                self._tree, self._depth, self._flat_level, _int64(index), _float64(value)
+            )
+            return
         tree, pairs, ufunc = self._tree, self._pairs, self._ufunc
         node = index + self._size
         tree[node] = value
@@ -351,6 +394,11 @@ class SumSegmentTree(_SegmentTree):
     Args:
         capacity (int): the number of leaves; all start at ``0``.
 
+    Keyword Args:
+        kernel (str, optional): ``"numba"`` (compiled loops; falls back to numpy when the package is missing),
+            ``"numpy"`` or ``"auto"``; both give bit-identical results. Defaults to ``None``: the process default
+            (``numba`` when installed, unless ``TORCHRL_SEGMENT_TREE_KERNEL=numpy``).
+
     Examples:
         >>> import numpy as np
         >>> tree = SumSegmentTree(5)
@@ -363,6 +411,7 @@ class SumSegmentTree(_SegmentTree):
 
     identity = 0.0
     _ufunc = np.add
+    _compiled_update = "update_sum"
     _reduce_two = staticmethod(operator.add)
 
     @property
@@ -417,7 +466,20 @@ class SumSegmentTree(_SegmentTree):
             ``(positions, leaf values)``, an int64 and a float64 array of ``uniform``'s size, or ``None``
             when ``S`` is not positive (nothing can be drawn).
         """
-        if end is None:
+        if end is None and self._jit is not None and "_scan" not in self.__dict__:  # one compiled call
+            index = np.empty(uniform.size, dtype=np.int64)
+            found = np.empty(uniform.size)
+            total, clean = self._jit["draw"](
+                self._tree, self._depth, self._flat_level, _float64(uniform), self._capacity, index, found
+            )
+            if not total > 0:
+                return None
+            if not clean:
+                stray = (index >= self._capacity) | (found <= 0)
+                index[stray] = self._last_positive_at_or_before(index[stray], self._capacity)
+                found = self._leaves[index]
+            return index, found
+        if end is None:  # (an instance that replaced _scan, as tests of the repair do, takes this path)
             prefix = self._flat_prefix()
             total, limit = float(prefix[-1]), self._capacity
         else:
@@ -458,6 +520,10 @@ class SumSegmentTree(_SegmentTree):
         lo = 1 << level
         if prefix is None:
             prefix = self._flat_prefix()
+        if self._jit is not None:
+            node = np.empty(v.size, dtype=np.int64)
+            self._jit["scan"](self._tree, self._depth, level, prefix, _float64(v), node)
+            return node
         node = np.searchsorted(prefix[1:], v, side="left")
         np.minimum(node, lo - 1, out=node)
         rest = v - prefix[node]
@@ -493,6 +559,9 @@ class MinSegmentTree(_SegmentTree):
     Args:
         capacity (int): the number of leaves; all start at ``+inf``.
 
+    Keyword Args:
+        kernel (str, optional): as for :class:`SumSegmentTree`. Defaults to ``None`` (the process default).
+
     Examples:
         >>> tree = MinSegmentTree(4)
         >>> tree.update([1, 3], [5.0, 2.0])
@@ -502,4 +571,86 @@ class MinSegmentTree(_SegmentTree):
 
     identity = math.inf
     _ufunc = np.minimum
+    _compiled_update = "update_min"
     _reduce_two = staticmethod(min)
+
+    # Only the leaves and the flat level are kept (see the module's data model): flat slot ``lo + b`` holds the
+    # minimum of the block of ``2 ** (depth - flat_level)`` leaves ``b``.
+    def query(self, start: int = 0, end: int | None = None) -> float:
+        end = self._capacity if end is None else end
+        for name, bound in (("start", start), ("end", end)):
+            check_int(name, bound)
+        if not 0 <= start <= end <= self._capacity:
+            raise ValueError(
+                f"`start`={start} and `end`={end} must satisfy 0 <= start <= end <= capacity "
+                f"({self._capacity})."
+            )
+        start, end = int(start), int(end)
+        if start == end:
+            return self.identity
+        shift = self._depth - self._flat_level
+        first, last = -((-start) >> shift), end >> shift  # the whole blocks inside [start, end)
+        leaves = self._leaves
+        if first >= last:
+            return float(leaves[start:end].min())
+        lo = 1 << self._flat_level
+        result = float(self._tree[lo + first : lo + last].min())
+        if start < first << shift:
+            result = min(result, float(leaves[start : first << shift].min()))
+        if last << shift < end:
+            result = min(result, float(leaves[last << shift : end].min()))
+        return result
+
+    def _update_unique(self, index: np.ndarray, value: np.ndarray) -> None:
+        """Writes leaves (``index`` in range, without repeats) and keeps their blocks' minimums: a lower value
+        lowers its block's minimum; a block whose minimum was held by a leaf that grew is recomputed from its
+        leaves (rare: one leaf of the block holds its minimum)."""
+        if self._jit is not None:
+            self._jit["update_min"](self._tree, self._depth, self._flat_level, _int64(index), _float64(value))
+            return
+        shift = self._depth - self._flat_level
+        leaves, tree = self._leaves, self._tree
+        if not shift:  # the leaves are the flat level
+            leaves[index] = value
+            return
+        lo = 1 << self._flat_level
+        slot = (index >> shift) + lo
+        old = leaves[index]
+        before = tree[slot]
+        leaves[index] = value
+        tree[slot] = np.minimum(before, value)  # leaves sharing a block: one of their writes wins, checked below
+        # recomputed from their leaves: blocks whose minimum was held by a leaf that grew, and blocks where a
+        # lower value of a leaf sharing the block lost the write
+        redo = ((old <= before) & (value > old)) | (tree[slot] > value)
+        if redo.any():
+            blocks = slot[redo] - lo
+            tree[blocks + lo] = leaves.reshape(-1, 1 << shift)[blocks].min(axis=1)
+
+    def _rebuild(self) -> None:
+        self._leaves[self._capacity :] = self.identity
+        lo = 1 << self._flat_level
+        self._tree[lo : 2 * lo] = self._leaves.reshape(lo, -1).min(axis=1)
+
+
+def update_sum_and_min(sum_tree: SumSegmentTree, min_tree: MinSegmentTree, index: np.ndarray, value: np.ndarray) -> None:
+    """Writes ``value`` into ``sum_tree`` and, where positive (``+inf`` elsewhere), into ``min_tree``: the
+    two trees of a prioritized sampler (one compiled call when both are compiled). Nothing is validated: as
+    :meth:`~_SegmentTree.update_unique`, for callers holding checked arrays (``index`` int64 positions in range,
+    without repeats; ``value`` finite float64 ``>= 0``); both trees of the same capacity.
+
+    Examples:
+        >>> import numpy as np
+        >>> sums, mins = SumSegmentTree(4), MinSegmentTree(4)
+        >>> update_sum_and_min(sums, mins, np.array([0, 2]), np.array([0.0, 3.0]))
+        >>> sums.query(), mins.query(), mins.query(0, 1)
+        (3.0, 3.0, inf)
+    """
+    jit = sum_tree._jit
+    if jit is not None and min_tree._jit is not None:
+        jit["update_pair"](
+            sum_tree._tree, min_tree._tree, sum_tree._depth, sum_tree._flat_level, min_tree._flat_level,
+            _int64(index), _float64(value),
+        )  # fmt: skip
+        return
+    sum_tree._update_unique(index, value)
+    min_tree._update_unique(index, np.where(value > 0, value, np.inf))

@@ -1,0 +1,213 @@
+"""Compiled loops of the segment trees (the optional ``numba`` extra), and which implementation a tree uses.
+
+The trees of :mod:`.segment_tree` run a batch through a fixed number of numpy calls per level. With ``numba``
+installed, the same loops run compiled instead: one call per batch, level by level over the whole batch (the
+loads of one level are independent, so their cache misses overlap as in the numpy gathers).
+
+NOTE [identical draws]: a compiled loop performs the same float64 operations, in the same order, as the numpy
+path it replaces (sequential prefix sums, ``rest > left`` then ``rest - left`` per level, ``left + right`` and
+``min(left, right)`` per parent), so both give bit-identical trees and draws for the same uniform numbers; only
+the speed differs. Whatever is not a tree loop (the generator draws, the importance weights, the repair of
+rounding overshoots) stays in numpy on both paths.
+
+Choice, once per process at import: ``TORCHRL_SEGMENT_TREE_KERNEL`` = ``auto`` (``numba`` when the package is
+installed, else ``numpy``; the default), ``numba`` or ``numpy`` (forces the numpy loops). A tree built with
+``kernel=...`` overrides it. ``numba`` itself is imported, and each loop compiled (cached on disk), only when
+a tree first needs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+
+import numpy as np
+
+__all__ = []
+
+#: The environment variable that picks the implementation of the tree loops.
+KERNEL_ENV = "TORCHRL_SEGMENT_TREE_KERNEL"
+KERNELS = ("auto", "numba", "numpy")
+
+
+def numba_available() -> bool:
+    """Whether the ``numba`` package can be imported (found on the path; not imported here)."""
+    return importlib.util.find_spec("numba") is not None
+
+
+def resolve_kernel(kernel: str | None) -> str:
+    """``"numba"`` or ``"numpy"`` for a requested kernel (``None``: the process default, see the module doc).
+
+    ``"numba"`` without the package installed falls back to ``"numpy"`` (the draws are identical either way).
+    """
+    if kernel is None:
+        return DEFAULT_KERNEL
+    if kernel not in KERNELS:
+        raise ValueError(
+            f"`kernel` must be one of {list(KERNELS)} or None (the process default, {DEFAULT_KERNEL!r}), got "
+            f"{kernel!r}."
+        )
+    if kernel == "numpy":
+        return "numpy"
+    return "numba" if numba_available() else "numpy"
+
+
+def _default_from_environment() -> str:
+    wanted = os.environ.get(KERNEL_ENV, "auto").strip().lower() or "auto"
+    if wanted not in KERNELS:
+        warnings.warn(
+            f"{KERNEL_ENV}={wanted!r} is not one of {list(KERNELS)}: using 'auto'.", RuntimeWarning, stacklevel=2
+        )
+        wanted = "auto"
+    if wanted == "numba" and not numba_available():
+        warnings.warn(
+            f"{KERNEL_ENV}=numba but the numba package is not installed (pip install 'torchrl[numba]'): the "
+            f"segment trees use their numpy loops.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return "numpy" if wanted == "numpy" or not numba_available() else "numba"
+
+
+#: The implementation trees use when built without ``kernel=``: ``"numba"`` or ``"numpy"``.
+DEFAULT_KERNEL = _default_from_environment()
+
+
+# -- the loops, in plain Python (compiled by compiled_kernels()) ------------------------------------------------
+def _scan(tree, depth, flat_level, prefix, v, out):
+    """The descent of ``SumSegmentTree._scan``: leaf positions in ``[0, size)`` for the prefix sums ``v``."""
+    lo = 1 << flat_level
+    size = 1 << depth
+    n = v.shape[0]
+    rest = np.empty(n)
+    for i in range(n):  # np.searchsorted(prefix[1:], v, side="left"), clamped to the flat level
+        x = v[i]
+        base, width = 0, lo  # branchless lower bound: a mispredicted branch would stall the loads after it
+        while width > 1:
+            half = width >> 1
+            base += half * (prefix[base + half] < x)  # prefix[1 + (base + half - 1)]
+            width -= half
+        a = base + (prefix[base + 1] < x)
+        if a > lo - 1:
+            a = lo - 1
+        rest[i] = x - prefix[a]
+        out[i] = a + lo
+    for _ in range(depth - flat_level):  # level by level over the batch: the loads of a level overlap
+        for i in range(n):
+            node = out[i] << 1
+            left = tree[node]
+            r = rest[i]
+            right = r > left
+            rest[i] = r - left * right  # as numpy's `rest -= left * go_right`: no branch to mispredict
+            out[i] = node + right
+    for i in range(n):
+        out[i] -= size
+
+
+def _draw(tree, depth, flat_level, uniform, limit, index, found):
+    """``SumSegmentTree.draw`` over every leaf: the flat prefix sums (as np.cumsum), ``v = (1 - u) * total``,
+    :func:`_scan`, the leaf values. Returns ``(total, clean)``, ``clean`` False when a position reached a zero
+    leaf or one at or past ``limit`` (a rounding overshoot the caller repairs); nothing is drawn when
+    ``total`` is not positive."""
+    lo = 1 << flat_level
+    prefix = np.empty(lo + 1)
+    prefix[0] = 0.0
+    acc = tree[lo]
+    prefix[1] = acc
+    for j in range(1, lo):
+        acc = acc + tree[lo + j]
+        prefix[j + 1] = acc
+    total = prefix[lo]
+    if not total > 0:
+        return total, True
+    v = np.empty(uniform.shape[0])
+    for i in range(uniform.shape[0]):
+        v[i] = (1.0 - uniform[i]) * total
+    _scan(tree, depth, flat_level, prefix, v, index)
+    size = 1 << depth
+    clean = True
+    for i in range(index.shape[0]):
+        leaf = tree[size + index[i]]
+        found[i] = leaf
+        if index[i] >= limit or not leaf > 0:
+            clean = False
+    return total, clean
+
+
+def _update_sum(tree, depth, flat_level, index, value):
+    """Writes the leaves and re-adds their ancestors down to the flat level (last write wins on repeats)."""
+    size = 1 << depth
+    n = index.shape[0]
+    node = np.empty(n, np.int64)
+    for i in range(n):
+        p = index[i] + size
+        tree[p] = value[i]
+        node[i] = p
+    for _ in range(depth - flat_level):
+        for i in range(n):
+            p = node[i] >> 1
+            tree[p] = tree[2 * p] + tree[2 * p + 1]
+            node[i] = p
+
+
+def _update_min(tree, depth, flat_level, index, value):
+    """``MinSegmentTree._update_unique``: leaves and the block minimums of the flat level (exact either way)."""
+    size = 1 << depth
+    lo = 1 << flat_level
+    shift = depth - flat_level
+    n = index.shape[0]
+    grew = np.zeros(n, np.int64)
+    count = 0
+    for i in range(n):
+        leaf = index[i]
+        slot = lo + (leaf >> shift)
+        old, new = tree[size + leaf], value[i]
+        tree[size + leaf] = new
+        if new < tree[slot]:
+            tree[slot] = new
+        elif old <= tree[slot] and new > old:  # the leaf held its block's minimum and grew
+            grew[count] = slot
+            count += 1
+    width = 1 << shift
+    for k in range(count):
+        first = size + ((grew[k] - lo) << shift)
+        m = tree[first]
+        for j in range(first + 1, first + width):
+            if tree[j] < m:
+                m = tree[j]
+        tree[grew[k]] = m
+
+
+def _update_pair(sum_tree, min_tree, depth, sum_flat_level, min_flat_level, index, value):
+    """A prioritized sampler's write: ``value`` into the sum tree, ``value`` where positive (``+inf``
+    elsewhere) into the min tree."""
+    positive = np.empty(value.shape[0])
+    for i in range(value.shape[0]):
+        positive[i] = value[i] if value[i] > 0 else np.inf
+    _update_sum(sum_tree, depth, sum_flat_level, index, value)
+    _update_min(min_tree, depth, min_flat_level, index, positive)
+
+
+_COMPILED: dict | None = None
+_IMPORT_FAILED = False
+
+
+def compiled_kernels() -> dict | None:
+    """``{"scan", "draw", "update_sum", "update_min", "update_pair"}`` compiled with ``numba.njit`` (imported here, on first use; each
+    loop compiles on its first call and is cached on disk), or ``None`` when numba cannot be imported (the
+    trees then use their numpy loops)."""
+    global _COMPILED, _IMPORT_FAILED
+    if _COMPILED is None and not _IMPORT_FAILED:
+        try:
+            import numba
+        except ImportError:  # found on the path but not importable (a broken install, a hidden package)
+            _IMPORT_FAILED = True
+            return None
+        jit = numba.njit(cache=True, nogil=True)
+        compiled = {name: jit(globals()[f"_{name}"]) for name in ("scan", "update_sum", "update_min")}
+        # what the compiled _draw and _update_pair call: numba resolves them as globals, when they compile
+        globals().update({f"_{name}": loop for name, loop in compiled.items()})
+        compiled.update(draw=jit(_draw), update_pair=jit(_update_pair))
+        _COMPILED = compiled
+    return _COMPILED
