@@ -68,6 +68,17 @@ whose tensors are files under ``sampler/``, ``writer/``, ``transforms/``. A :cla
 saved by hard links (its files stay shared with the live storage, so their checksums are ``null``) and loaded
 by mapping them in place. :func:`register_checkpoint_handler` attaches a part to a class you do not own.
 
+Incremental dumps. A tensor storage whose writes stamp row versions (every :class:`~torchrl.data.LazyMemmapStorage`,
+and tensor storages in shared memory) records, beside the component, ``metadata["checkpoint_ids"] =
+{"<prefix>storage": {"token": <the storage>, "version": <its write revision>}}``. Dumped again onto a checkpoint
+that it wrote (or loaded) in this process, whose files are untouched since, it hard-links that checkpoint's files
+and writes the rows written since as *patches*: its part then holds ``base_rows`` and ``patches`` (``[start,
+stop]`` row ranges, applied in order over the base rows) and each leaf names its ``base`` tensor and one tensor
+per patch (``<prefix>storage_patches/<version>-<i>-<leaf position>``) instead of ``tensor``. Files of a complete
+checkpoint are never modified, so the crash safety above holds unchanged; a dump whose patches would cover more
+than a quarter of the rows, or any other storage's dump, is a full one. ``TensorStorageCheckpointer(
+incremental=False)`` turns them off for a storage (see :func:`dump_component`).
+
 Storage checkpointers (TorchRL's names). ``storage.dumps``/``storage.loads`` go through ``storage.checkpointer``,
 whose default depends on the storage class: :class:`TensorStorageCheckpointer`, :class:`ListStorageCheckpointer`,
 :class:`CompressedListStorageCheckpointer`, :class:`StorageEnsembleCheckpointer` (all derived from
@@ -221,9 +232,45 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
     file); a :class:`~torchrl.data.LazyMemmapStorage` whose ``scratch_dir`` is the checkpoint's ``storage``
     directory is hard-linked instead, and mapped in place again by :meth:`loads`. See
     :class:`StorageCheckpointerBase`.
+
+    Incremental dumps: a storage that tracks its row writes (memory-mapped storages, and tensor storages in
+    shared memory) dumped onto a checkpoint that it wrote itself, or loaded from, rewrites only the rows written
+    since, as patch files, and hard-links the rest (``storage.dumps`` and ``rb.dumps`` alike; see
+    :func:`dump_component`). Any other dump writes every row.
+
+    Keyword Args:
+        incremental (bool): allow incremental dumps of the storage. ``False`` writes every row at every dump:
+            for storages whose tensors are changed in place (through a view from ``storage[a:b]`` or
+            ``get_entry``), which row tracking cannot see. Defaults to ``True``.
+
+    Examples:
+        >>> import os, tempfile, torch
+        >>> from torchrl.data import LazyMemmapStorage, TensorStorageCheckpointer
+        >>> storage = LazyMemmapStorage(100)
+        >>> storage.set(torch.arange(50), torch.zeros(50, 3))
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     storage.dumps(os.path.join(d, "s"))
+        ...     storage.set(torch.arange(50, 52), torch.ones(2, 3))
+        ...     storage.dumps(os.path.join(d, "s"))  # writes rows 50 and 51 only
+        ...     print(sorted(os.listdir(os.path.join(d, "s"))))
+        ...     storage.checkpointer = TensorStorageCheckpointer(incremental=False)
+        ...     storage.dumps(os.path.join(d, "s"))  # every row
+        ...     print(sorted(os.listdir(os.path.join(d, "s"))))
+        ['COMPLETE', 'metadata.json', 'storage', 'storage_patches']
+        ['COMPLETE', 'metadata.json', 'storage']
     """
 
     saves = "TensorStorage, LazyTensorStorage and LazyMemmapStorage"
+    #: whether dumps onto a checkpoint this storage wrote may rewrite only the rows written since
+    incremental: bool = True
+
+    def __init__(self, *, incremental: bool = True):
+        if not isinstance(incremental, bool):
+            raise TypeError(
+                f"`incremental` must be a bool (True: dumps onto this storage's own checkpoint rewrite only the rows "
+                f"written since; False: every dump writes every row); got {incremental!r}."
+            )
+        self.incremental = incremental
 
     def loads(self, storage, path) -> None:
         """Loads the checkpoint at ``path`` into ``storage``; as in TorchRL, tensor and pytree data fill only a

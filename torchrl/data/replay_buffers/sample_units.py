@@ -203,6 +203,28 @@ class Sequence(SampleUnit):
         self._live: TrajectorySync | None = None  # NOTE [live trajectory index]; per process, never pickled
 
     @property
+    def trajectory_index_stats(self) -> dict[str, int]:
+        """How this copy of the unit followed the writes: ``{"rebuilds": n, "catch_ups": m}`` (see
+        :attr:`SliceSampler.trajectory_index_stats <torchrl.data.SliceSampler.trajectory_index_stats>`).
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage
+            >>> storage = LazyTensorStorage(20)
+            >>> done = (torch.arange(8) % 4 == 3).unsqueeze(-1)
+            >>> storage.set(torch.arange(8), TensorDict(next=TensorDict(done=done, batch_size=[8]), batch_size=[8]))
+            >>> unit = Sequence(2)
+            >>> _ = unit.expand(torch.tensor([0, 5]), {}, storage)
+            >>> storage.set(torch.arange(8, 12), TensorDict(next=TensorDict(done=done[:4], batch_size=[4]), batch_size=[4]))
+            >>> _ = unit.expand(torch.tensor([9]), {}, storage)
+            >>> unit.trajectory_index_stats
+            {'rebuilds': 1, 'catch_ups': 1}
+        """
+        live = self._live
+        return {"rebuilds": 0 if live is None else live.rebuilds, "catch_ups": 0 if live is None else live.catch_ups}
+
+    @property
     def window(self) -> int:
         """The number of records of each window: ``burn_in + length + bootstrap``."""
         return self.burn_in + self.length + self.bootstrap

@@ -54,7 +54,9 @@ def check_path(path) -> str:
     return path
 
 
-def check_tensors(tensors) -> list[tuple[str, torch.Tensor, str]]:
+def check_tensors(tensors, *, allow_reused: bool = False) -> list[tuple[str, torch.Tensor, str]]:
+    """``(name, tensor, dtype name)`` for each entry; with ``allow_reused``, a value may also be a
+    :class:`~torchrl.data.replay_buffers._checkpoint.io.ReusedFile` (returned with its own dtype name)."""
     if not isinstance(tensors, Mapping):
         raise TypeError(f"`tensors` must be a mapping from names to tensors; got {type(tensors).__name__}.")
     out = []
@@ -65,6 +67,9 @@ def check_tensors(tensors) -> list[tuple[str, torch.Tensor, str]]:
                 f"`tensors` key {name!r} cannot name a file of the checkpoint: {problem}. Use names made of "
                 f"'/'-separated components such as 'storage/obs'."
             )
+        if allow_reused and isinstance(tensor, _io.ReusedFile):
+            out.append((name, tensor, tensor.dtype))
+            continue
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"`tensors[{name!r}]` must be a torch.Tensor; got {type(tensor).__name__}.")
         if tensor.layout != torch.strided or tensor.is_nested:

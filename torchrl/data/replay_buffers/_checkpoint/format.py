@@ -94,13 +94,18 @@ def write_checkpoint(
         ...     print(sorted(os.listdir(path)))
         ['COMPLETE', 'a.memmap', 'metadata.json']
     """
+    _write(path, tensors, metadata, fsync=fsync, progress=progress, reuse=False)
+
+
+def _write(path, tensors, metadata, *, fsync, progress, reuse: bool) -> None:
+    """:func:`write_checkpoint`; with ``reuse``, values of ``tensors`` may also be :class:`_io.ReusedFile` (linked)."""
     path = check_path(path)
-    entries = check_tensors(tensors)
+    entries = check_tensors(tensors, allow_reused=reuse)
     user_metadata = check_metadata(metadata)
     if not isinstance(fsync, bool):
         raise TypeError(f"`fsync` must be a bool; got {fsync!r}.")
     check_progress(progress)
-    mappings = _io.read_file_mappings()
+    mappings = _mappings_of(entries)
     links = _linkable(path, entries, mappings)
     _fs.replace_dir(
         path,
@@ -110,11 +115,24 @@ def write_checkpoint(
     )
 
 
+def _mappings_of(entries) -> list:
+    """The file mappings holding the tensors of ``entries`` (one read of ``/proc/self/maps`` up to each tensor:
+    parsing every mapping of a process with torch loaded costs milliseconds)."""
+    found: dict[int, object] = {}
+    for _, tensor, _ in entries:
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu" and tensor.numel():
+            for mapping in _io.mapping_at(tensor.data_ptr()):
+                found.setdefault(mapping.start, mapping)
+    return list(found.values())
+
+
 def _linkable(path: str, entries, mappings) -> dict[str, str]:
     """Tensors whose bytes are exactly the file ``path/<name>.memmap`` (a memmap storage living in the
     checkpoint it is saved to): they are hard-linked into the new checkpoint instead of copied."""
     links = {}
     for name, tensor, _ in entries:
+        if isinstance(tensor, _io.ReusedFile):
+            continue
         source = _io.file_source(tensor, mappings)
         expected = os.path.join(path, *(name + _io.MEMMAP_SUFFIX).split("/"))
         if source is None or source[1] != 0 or not os.path.exists(expected):
@@ -125,7 +143,9 @@ def _linkable(path: str, entries, mappings) -> dict[str, str]:
 
 
 def _write_contents(tmp: str, entries, user_metadata: dict, links, mappings, *, fsync: bool, progress) -> None:
-    total = sum(t.numel() * t.element_size() for name, t, _ in entries if name not in links)
+    total = sum(
+        t.numel() * t.element_size() for name, t, _ in entries if name not in links and not isinstance(t, _io.ReusedFile)
+    )
     bar = progress_bar(progress, total, "dumps")
     advance = advance_fn(bar)
     dirs = {tmp}
@@ -139,6 +159,12 @@ def _write_contents(tmp: str, entries, user_metadata: dict, links, mappings, *, 
                 dirs.add(folder)
                 folder = os.path.dirname(folder)
             os.makedirs(os.path.dirname(target), exist_ok=True)
+            if isinstance(tensor, _io.ReusedFile):  # NOTE [incremental dumps]
+                _link_reused(tensor, target, fsync)
+                described[name] = {"file": relative, "dtype": tensor.dtype, "shape": tensor.shape,
+                                   "nbytes": tensor.nbytes, "crc32": tensor.crc32}  # fmt: skip
+                _fs.step("tensor_written")
+                continue
             if name in links:  # shared with a live storage: its content changes later, so no checksum
                 os.link(links[name], target)
                 if fsync:
@@ -175,6 +201,69 @@ def _write_contents(tmp: str, entries, user_metadata: dict, links, mappings, *, 
         for folder in sorted(dirs, key=len, reverse=True):
             _fs.fsync_dir(folder)
     _fs.step("marker_written")
+
+
+def _link_reused(reused: _io.ReusedFile, target: str, fsync: bool) -> None:
+    try:
+        os.link(reused.source, target)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{reused.source!r} was removed while a checkpoint reusing it was written.") from None
+    if os.path.getsize(target) != reused.nbytes:
+        raise FileNotFoundError(f"{reused.source!r} changed size while a checkpoint reusing it was written.")
+    if fsync and not reused.durable:  # written by a dump with fsync=False, maybe: this one promises durability
+        fsync_file(target)  # (the new directory entry is made durable by the fsync of its directory)
+
+
+# -- the checkpoint being replaced: what an incremental dump reuses ----------------------------------------------
+# NOTE [incremental dumps]: files of a checkpoint are never modified once it is complete. A dump onto a checkpoint
+# of the same data may hard-link some of its files (io.ReusedFile: same inode, no byte copied) into the new
+# checkpoint's temporary directory and write only the rest; the new checkpoint is then switched into place
+# atomically as any other (fs.replace_dir), so a crash at any moment leaves the previous or the new one complete.
+# The previous checkpoint's directory is removed after the switch; the linked inodes live on in the new one. Only
+# files whose checksums are known are reused (never the null-checksum files linked from a live memory-mapped
+# storage), with their checksums. Which files a part may reuse is the part's business: a tensor storage reuses the
+# files it wrote itself and tracks which rows changed since (storages/_incremental.py). A file that vanishes before
+# it is linked (another writer replaced the checkpoint) raises FileNotFoundError, and the dump is done again in
+# full.
+class PreviousCheckpoint:
+    """The complete checkpoint at ``root`` that a dump is about to replace.
+
+    ``entries`` maps tensor names to ``(file relative to root, dtype name, shape, nbytes, crc32)``; ``metadata``
+    is the caller's document. Built by :func:`read_previous`, which has validated both.
+    """
+
+    def __init__(self, root: str, entries: dict[str, tuple], metadata: dict[str, Any]):
+        self.root, self.entries, self.metadata = root, entries, metadata
+
+    def file(self, name: str) -> str:
+        """The absolute path of the file of the tensor ``name``."""
+        return os.path.join(self.root, *self.entries[name][0].split("/"))
+
+    def reuse(self, name: str) -> _io.ReusedFile | None:
+        """The entry ``name`` as a :class:`_io.ReusedFile`; ``None`` if there is none or its checksum is unknown."""
+        entry = self.entries.get(name)
+        if entry is None or entry[4] is None:
+            return None
+        relative, dtype, shape, nbytes, crc = entry
+        return _io.ReusedFile(self.file(name), dtype, list(shape), nbytes, list(crc))
+
+
+def read_previous(path: str) -> PreviousCheckpoint | None:
+    """The checkpoint at ``path`` if one is there, complete and valid (checksums are not read); else ``None``.
+
+    A checkpoint moved aside by a crashed switch is not returned: the next write renames it back first, which
+    would move the files to reuse.
+    """
+    if _fs.resolve_for_read(path) != path or not _fs.is_complete(path):
+        return None
+    try:
+        document = parse_document(path, read_validated_metadata_bytes(path))
+        entries = validated_entries(path, document["tensors"])
+    except (CheckpointError, OSError, ValueError, UnicodeDecodeError):
+        return None
+    described = {name: (relative, document["tensors"][name]["dtype"], shape, nbytes, crc)
+                 for name, relative, _, shape, nbytes, crc in entries}  # fmt: skip
+    return PreviousCheckpoint(path, described, document["metadata"])
 
 
 # -- read -------------------------------------------------------------------------------------------------------
@@ -298,6 +387,18 @@ def dump_component(obj, path, *, fsync: bool = True, progress: bool | None = Non
     This is what ``obj.dumps(path)`` runs. The checkpoint's metadata holds ``{"component": {"class": ...,
     "doc": ...}}`` where ``doc`` is the component's part (see :mod:`torchrl.data.replay_buffers._checkpoint.parts`).
 
+    Incremental dumps: when ``path`` holds a checkpoint that this very storage wrote (its metadata names the
+    storage and the write revision it was taken at), a tensor storage that tracks row writes (every
+    memory-mapped storage, and tensor storages in shared memory) rewrites only the rows written since, as a
+    new patch file per entry, and hard-links the files it wrote before; the other parts and the metadata are
+    written again. The new checkpoint is switched in atomically like a full one, and never modifies a file of
+    the previous one (see NOTE [incremental dumps] in :mod:`torchrl.data.replay_buffers._checkpoint.format`).
+    Anything else (another storage's checkpoint, a private RAM storage, a storage loaded or changed in layout
+    since, patches adding up to a quarter of the rows) gives a full dump, and loads read either the same way.
+    A storage whose checkpointer is ``TensorStorageCheckpointer(incremental=False)`` always dumps in full: use
+    it when stored tensors are changed in place (a write into a view from ``storage[a:b]`` or ``get_entry``),
+    which the storage cannot see.
+
     Args:
         obj: the component.
         path (str or path-like): the checkpoint directory; a previous checkpoint there is replaced atomically.
@@ -324,8 +425,47 @@ def dump_component(obj, path, *, fsync: bool = True, progress: bool | None = Non
         (3, [1.0, 1.0])
     """
     path = check_path(path)
-    tensors, doc = _parts.dump_part(obj, _parts.PartContext(path))
-    write_checkpoint(path, tensors, {"component": doc}, fsync=fsync, progress=progress)
+    dump_parts(path, lambda ctx: _component(obj, ctx), fsync=fsync, progress=progress)
+
+
+def _component(obj, ctx: _parts.PartContext) -> tuple[dict, dict]:
+    tensors, doc = _parts.dump_part(obj, ctx)
+    return tensors, {"component": doc}
+
+
+def dump_parts(path: str, build: Callable, *, fsync: bool = True, progress: bool | None = None) -> None:
+    """Writes the checkpoint ``build(ctx) -> (tensors, metadata)`` describes, its parts dumped with ``ctx``
+    (:func:`~torchrl.data.replay_buffers._checkpoint.parts.dump_part`), so that storages may dump incrementally
+    onto the checkpoint at ``path`` (NOTE [incremental dumps]). What :func:`dump_component` runs; for documents
+    holding parts and more (a training state). ``build`` may run twice: again, for a full dump, when a file to
+    reuse vanished meanwhile (another writer replaced the checkpoint)."""
+    previous = read_previous(path)
+    try:
+        _dump(path, build, previous, fsync=fsync, progress=progress)
+    except FileNotFoundError:
+        if previous is None:
+            raise
+        _dump(path, build, None, fsync=fsync, progress=progress)
+
+
+def _dump(path: str, build: Callable, previous, *, fsync, progress) -> None:
+    """One dump: parts see ``ctx.facts["previous"]`` (the checkpoint being replaced, or absent) and may append
+    callables to ``ctx.facts["after_write"]``, run once the new checkpoint is in place."""
+    facts: dict[str, Any] = {"fsync": fsync} if previous is None else {"fsync": fsync, "previous": previous}
+    tensors, metadata = build(_parts.PartContext(path, facts=facts))
+    if facts.get("checkpoint_ids"):  # which storage wrote which rows (see storages/_incremental.py)
+        metadata = {**metadata, "checkpoint_ids": facts["checkpoint_ids"]}
+    _write(path, tensors, metadata, fsync=fsync, progress=progress, reuse=True)
+    for callback in facts.get("after_write", ()):
+        callback()
+
+
+def load_context(path: str, metadata: Mapping[str, Any]) -> _parts.PartContext:
+    """The :class:`~torchrl.data.replay_buffers._checkpoint.parts.PartContext` to check and load the parts of
+    the checkpoint at ``path`` (whose ``metadata`` was read) with: storages then remember the checkpoint they
+    loaded, for an incremental dump there later."""
+    ids = metadata.get("checkpoint_ids")
+    return _parts.PartContext(check_path(path), facts={"checkpoint_ids": ids} if isinstance(ids, dict) else None)
 
 
 def load_component(obj, path) -> None:
@@ -360,7 +500,7 @@ def load_component(obj, path) -> None:
             f"The checkpoint at {os.fspath(path)!r} holds no component description: it was not written by "
             f"`dumps` (use read_checkpoint for checkpoints written by write_checkpoint)."
         )
-    ctx = _parts.PartContext(check_path(path))
+    ctx = load_context(path, metadata)
     try:
         _parts.check_part(obj, doc, tensors, ctx)
     except (KeyError, IndexError, AttributeError, TypeError) as err:

@@ -30,6 +30,7 @@ import stat
 import sys
 import zlib
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -102,6 +103,28 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def tensor_nbytes(dtype: torch.dtype, shape) -> int:
     return math.prod(shape) * dtype.itemsize
+
+
+class ReusedFile(NamedTuple):
+    """A tensor entry of a checkpoint being written whose file is hard-linked from the file ``source`` of the
+    checkpoint it replaces (see NOTE [incremental dumps] in :mod:`.format`), with that file's description."""
+
+    source: str
+    dtype: str
+    shape: list
+    nbytes: int
+    crc32: list
+    #: whether the file is known to be on disk already (written by a dump with fsync=True): not fsynced again
+    durable: bool = False
+
+
+def file_identity(path: str) -> tuple[int, int, int, int] | None:
+    """``(st_dev, st_ino, st_size, st_mtime_ns)`` of ``path`` (no symlink followed), ``None`` if it is gone."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 # -- low-level file helpers -------------------------------------------------------------------------------------
@@ -295,6 +318,45 @@ def copy_between_files(
             advance(n)
 
 
+def _sync_file_range():
+    """libc's ``sync_file_range`` (Linux), or ``None``."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2
+_WRITEBACK_STEP = 16 << 20
+
+
+# NOTE [writeback during durable writes]: a durable write (fsync=True) that copies N bytes and then calls fsync
+# spends the copy at memory speed and then waits for the disk to take all N bytes; starting the writeback of each
+# written range while the next is copied (sync_file_range(SYNC_FILE_RANGE_WRITE), which does not wait) overlaps
+# the two, so the final fsync finds most pages already on their way. It changes no content and no guarantee: the
+# fsync still runs and waits for everything.
+def _writeback_as_written(fd: int, advance: Callable[[int], None]) -> Callable[[int], None]:
+    """``advance``, plus a start of the writeback of every ``_WRITEBACK_STEP`` bytes written to ``fd``."""
+    if _SYNC_FILE_RANGE is None:
+        return advance
+    state = [0, 0]  # bytes written, bytes whose writeback has started
+
+    def step(n: int) -> None:
+        advance(n)
+        state[0] += n
+        if state[0] - state[1] >= _WRITEBACK_STEP:
+            _SYNC_FILE_RANGE(fd, state[1], state[0] - state[1], _SYNC_FILE_RANGE_WRITE)  # a hint: errors ignored
+            state[1] = state[0]
+
+    return step
+
+
 def write_tensor_file(
     path: str,
     tensor: torch.Tensor,
@@ -306,6 +368,8 @@ def write_tensor_file(
     """Writes the bytes of ``tensor`` to the new file ``path``; returns its head/tail checksums."""
     nbytes = tensor.numel() * tensor.element_size()
     fd = create_new_file(path)
+    if fsync:  # NOTE [writeback during durable writes]
+        advance = _writeback_as_written(fd, advance)
     try:
         source = file_source(tensor, mappings)
         if source is not None:
@@ -369,8 +433,11 @@ def verify_windows(root: str, relative: str, nbytes: int, expected: list[int]) -
         )
 
 
-def read_into(path: str, tensor: torch.Tensor, advance: Callable[[int], None] = lambda n: None) -> None:
-    """Fills ``tensor`` with the bytes of the file ``path`` without mapping it: one copy of each byte.
+def read_into(
+    path: str, tensor: torch.Tensor, advance: Callable[[int], None] = lambda n: None, offset: int = 0
+) -> None:
+    """Fills ``tensor`` with the bytes of the file ``path`` from byte ``offset`` on, without mapping it: one copy
+    of each byte.
 
     A ``tensor`` in a shared file mapping (a memmap storage) receives a file-to-file copy, so neither file
     is faulted into this process; a contiguous CPU tensor is read into directly (``preadv``), its memory
@@ -381,21 +448,21 @@ def read_into(path: str, tensor: torch.Tensor, advance: Callable[[int], None] = 
     src = open_for_read(path)
     try:
         target = file_source(tensor, mapping_at(tensor.data_ptr())) if nbytes else None
-        if target is not None and target[1] == 0 and os.path.samefile(target[0], path):
+        if target is not None and target[1] == offset and os.path.samefile(target[0], path):
             advance(nbytes)  # the tensor is this very file (a storage mapping its checkpoint's files)
         elif target is not None:
             dst = os.open(target[0], os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
             try:
-                copy_between_files(src, 0, dst, target[1], nbytes, advance)
+                copy_between_files(src, offset, dst, target[1], nbytes, advance)
             except RuntimeError as err:  # the checkpoint file ended early: truncated since it was validated
                 raise CheckpointError(f"The checkpoint file {path!r} could not be read whole: {err}") from None
             finally:
                 os.close(dst)
         elif tensor.device.type == "cpu" and tensor.is_contiguous() and not (tensor.is_conj() or tensor.is_neg()):
             advise_huge_pages(tensor.data_ptr(), nbytes)
-            _preadv_all(src, memoryview(tensor.detach().reshape(-1).view(torch.uint8).numpy()), 0, advance)
+            _preadv_all(src, memoryview(tensor.detach().reshape(-1).view(torch.uint8).numpy()), offset, advance)
         else:
-            _read_rows(src, tensor if tensor.dim() else tensor.view(1), advance)
+            _read_rows(src, tensor if tensor.dim() else tensor.view(1), advance, offset)
     finally:
         os.close(src)
 
@@ -456,13 +523,14 @@ def advise_private_tensors(backing) -> bool:
     return True
 
 
-def _read_rows(src: int, tensor: torch.Tensor, advance) -> None:
+def _read_rows(src: int, tensor: torch.Tensor, advance, offset: int = 0) -> None:
     """Reads into a non-contiguous ``tensor`` row by row (along dim 0), each row through a CPU buffer."""
     row_bytes = tensor[0].numel() * tensor.element_size() if tensor.shape[0] else 0
     rows = max(1, CHUNK_BYTES // max(1, row_bytes))
     for start in range(0, tensor.shape[0], rows):
         piece = torch.empty((min(rows, tensor.shape[0] - start), *tensor.shape[1:]), dtype=tensor.dtype)
-        _preadv_all(src, memoryview(piece.reshape(-1).view(torch.uint8).numpy()), start * row_bytes, advance)
+        view = memoryview(piece.reshape(-1).view(torch.uint8).numpy())
+        _preadv_all(src, view, offset + start * row_bytes, advance)
         with torch.no_grad():
             tensor[start : start + piece.shape[0]].copy_(piece)
 

@@ -1,17 +1,26 @@
 """Keeping a :class:`~._trajectory_index.TrajectoryEnds` in step with the storage it indexes: :class:`TrajectorySync`.
 
-The index learns of the writes made in its own process through the storage (:meth:`Storage.attach`: writers
-call ``storage.mark_update(index)`` under the write lock right after the write, when ``storage.write_revision``
-is the revision that write made) and through the sampler's own ``mark_update(index, storage=...)``; it logs ``(revision, rows)`` and, at the next draw, applies the logged writes to the index if
-they explain every revision since the index was built (consecutive revisions, nothing else wrote in between)
-and they continue the ring at its newest row, in fewer rows than the ring holds; then it checks the result
-against the storage's own layout counters. Anything else (a write it was not told about: another process, a
-DataLoader worker's copy, ``storage.set`` called directly; a write elsewhere than at the newest row; more rows
-than the ring holds) rebuilds the index from the whole storage, so the index is never stale.
+NOTE [catching up on appends]: the index follows the storage through its counters
+(:meth:`TensorStorage.append_state`: ``revision``, ``appended`` rows, ``append_break``), which live in shared
+memory with the content, so the process that wrote, a DataLoader worker's copy and any other process writing into
+a shared storage all read the same ones. At a draw, the index labelled ``(revision R, appended A)`` is current when
+the revision is still ``R``; when ``append_break <= R`` every write since was an append and it reads only the
+``appended - A`` rows after its newest row (``O(k)``); anything else (a write elsewhere than after the newest row,
+``storage.set`` with ``set_cursor=False``, ``empty``, a load, ``k >= capacity`` rows) rebuilds it from the whole
+storage, so the index is never stale: it holds every write completed before the draw began.
+Concurrent writers (readers take no lock): writers store the content, then the layout counters, then
+``appended``/``append_break``, then ``revision``; a reader loads the counters first (``revision``, ``appended``,
+``append_break``), labels the index with them, and reads rows only after. The rows it reads for ``appended`` were
+complete before the counter moved. A write in flight during the read may leave the index with some of its rows,
+but the index is labelled before that write, whose rows are read again when it is caught up (an append) or which
+rebuilds the index (anything else). After each catch-up the index's layout (rows, newest row) is checked against
+the storage's; a mismatch (a write in flight moved the layout before its counters) catches up again a few
+times, then rebuilds.
 """
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable
 
@@ -64,38 +73,29 @@ def supports_live_index(storage) -> bool:
     return device is None or torch.device(device).type == "cpu"
 
 
+_ATTEMPTS = 4  # catch-ups tried while concurrent writes keep the layout check failing, before a rebuild
+
+
 class TrajectorySync:
-    """The index of one storage and the writes logged since it was built (see the module docstring)."""
+    """The index of one storage, labelled with the storage's append state it holds (NOTE [catching up on
+    appends]). ``rebuilds`` counts the builds from the whole storage, ``catch_ups`` the draws that applied
+    writes in ``O(rows written)`` (public counters, for tests and benchmarks)."""
 
     def __init__(self):
-        self._listener: _WriteListener | None = None
-        self.rebuilds = 0  # how many times the index was built from the whole storage (for tests)
+        self.rebuilds = 0
+        self.catch_ups = 0
         self.reset()
 
     def reset(self) -> None:
-        """Forgets the index and the log (``rb.empty()``, a new source of trajectories)."""
+        """Forgets the index (``rb.empty()``, a new source of trajectories)."""
         self.index: TrajectoryEnds | None = None
         self._storage_ref = None
         self.revision: int | None = None
+        self.appended: int | None = None
         self.source = None
-        self._log: list[tuple[int, torch.Tensor]] = []
-        self._log_rows = 0
 
     def _storage(self):
         return None if self._storage_ref is None else self._storage_ref()
-
-    def note_write(self, rows, storage) -> None:
-        """Logs a write of ``rows`` that just made ``storage.write_revision`` (called by the write hooks)."""
-        if self.index is None or storage is None or storage is not self._storage():
-            return
-        revision = storage.write_revision
-        if self._log and self._log[-1][0] == revision:  # the same write, told twice (storage and buffer)
-            return
-        rows = torch.as_tensor(rows).reshape(-1)
-        self._log.append((revision, rows))
-        self._log_rows += rows.numel()
-        if self._log_rows >= self.index.capacity:  # more than the ring holds: rebuilt at the next draw
-            self._log, self._log_rows, self.index = [], 0, None
 
     def current(
         self, storage, source: tuple, read_all: Callable, read_rows: Callable
@@ -111,48 +111,34 @@ class TrajectorySync:
             read_rows (callable): ``read_rows(storage, source, start, k) -> np.ndarray``: the same values at
                 the ``k`` rows ``start, start + 1, ...`` (modulo the capacity).
         """
-        index = self.index
-        revision = storage.write_revision
-        if index is not None and storage is self._storage() and source == self.source:
-            if revision == self.revision:
-                return index
-            if self._apply_log(storage, revision, read_rows):
+        if self.index is not None and storage is self._storage() and source == self.source:
+            state = storage.append_state()
+            if state[0] == self.revision:
                 return self.index
-        return self._rebuild(storage, revision, source, read_all)
+            for _ in range(_ATTEMPTS):
+                if not self._catch_up(storage, state, read_rows):
+                    break
+                if self._layout_matches(storage, self.index):
+                    self.catch_ups += 1
+                    return self.index
+                time.sleep(0)  # a write in flight moves the layout before its counters: let it land
+                state = storage.append_state()
+        return self._rebuild(storage, source, read_all)
 
-    def _apply_log(self, storage, revision: int, read_rows: Callable) -> bool:
-        log, self._log, self._log_rows = self._log, [], 0
-        index, self.index = self.index, None  # put back once updated: a failure below leaves no half update
-        expected = self.revision
-        parts = []
-        for rev, rows in log:
-            if rev <= self.revision:  # logged before the index was built
-                continue
-            if rev != expected + 1:
-                return False
-            expected = rev
-            parts.append(rows)
-        if expected != revision or not parts:
+    def _catch_up(self, storage, state: tuple[int, int, int], read_rows: Callable) -> bool:
+        """Applies the rows appended since the index's label, if appends explain every write since."""
+        revision, appended, broken = state
+        index = self.index
+        k = appended - self.appended
+        if broken > self.revision or not 0 <= k < index.capacity:
             return False
-        rows = (parts[0] if len(parts) == 1 else torch.cat(parts)).numpy()
-        k = rows.size
-        capacity = index.capacity
-        if k >= capacity:
-            return False
-        start = (index.last_row + 1) % capacity if index.n_rows else 0
-        appended = np.arange(start, start + k)
-        if start + k > capacity:
-            appended %= capacity
-        if not np.array_equal(rows, appended):
-            return False
-        if index.n_rows:  # the newest row before the write, then the new rows
+        self.index = None  # put back once updated: a failure below leaves no half update
+        if k and index.n_rows:  # the newest row before the writes, then the new rows
             values = read_rows(storage, self.source, index.last_row, k + 1)
             index.append(values[1:], values[0])
-        else:
+        elif k:
             index.append(read_rows(storage, self.source, 0, k), None)
-        if not self._layout_matches(storage, index):
-            return False
-        self.index, self.revision = index, revision
+        self.index, self.revision, self.appended = index, revision, appended
         return True
 
     @staticmethod
@@ -160,8 +146,9 @@ class TrajectorySync:
         n_rows, _, offset, last_row = ring_layout(storage)
         return (n_rows, offset, last_row) == (index.n_rows, index.offset, index.last_row)
 
-    def _rebuild(self, storage, revision: int, source: tuple, read_all: Callable) -> TrajectoryEnds | None:
+    def _rebuild(self, storage, source: tuple, read_all: Callable) -> TrajectoryEnds | None:
         self.reset()
+        revision, appended, _ = storage.append_state()  # the label, loaded before the layout and the rows
         n_rows, n_cols, offset, last_row = ring_layout(storage)
         capacity = int(storage.max_size)
         full = n_rows >= capacity
@@ -175,31 +162,7 @@ class TrajectorySync:
         ends = (found.starts + found.lengths - 1).numpy().astype(np.int64, copy=False)
         first = offset if full else 0  # the time of unrolled position 0 (see NOTE [live trajectory index])
         index = TrajectoryEnds(capacity, is_done, ends + first, n_rows, first=first)
-        self.index, self._storage_ref, self.revision, self.source = (
-            index,
-            weakref.ref(storage),
-            revision,
-            source,
-        )
+        self.index, self._storage_ref, self.source = index, weakref.ref(storage), source
+        self.revision, self.appended = revision, appended
         self.rebuilds += 1
-        if self._listener is None or self._listener.storage() is not storage:
-            self._listener = _WriteListener(self, storage)
-            storage.attach(self._listener)
         return index
-
-
-class _WriteListener:
-    """What a storage tells of its writes (:meth:`Storage.attach`), forwarded to a :class:`TrajectorySync` while
-    it lives (the storage holds the listener, the listener only weak references)."""
-
-    def __init__(self, sync: TrajectorySync, storage):
-        self.sync = weakref.ref(sync)
-        self.storage = weakref.ref(storage)
-
-    def mark_update(self, index) -> None:
-        sync, storage = self.sync(), self.storage()
-        if sync is None:
-            if storage is not None:
-                storage.detach(self)
-            return
-        sync.note_write(index, storage)

@@ -169,10 +169,11 @@ class SliceSampler(Sampler):
     On a 1-D tensor storage on the CPU, the trajectory boundaries are an index kept up to date on each write
     (NOTE [live trajectory index] in ``samplers/_trajectory_index.py``): a write of ``k`` rows at the ring's
     newest row costs ``O(k)``, wrap-around overwrites included, and a draw does not depend on the number of
-    stored rows. A write the index was not told about (another process, e.g. in a DataLoader worker's copy;
-    ``storage.set`` elsewhere than after the newest row; more rows than the ring holds) rebuilds it from the
-    whole storage, so draws are always those of the stored content. The draws are the same as a search of the
-    whole storage gives, for the same generator state. Other storages (``ndim=2``, lists, accelerators) find
+    stored rows. The index follows the storage's shared append counters, so writes from any process (the
+    parent of DataLoader workers, collectors writing into a shared storage) are caught up in ``O(k)`` too;
+    anything else (``storage.set`` elsewhere than after the newest row, ``empty``, a load, more rows than the
+    ring holds) rebuilds it from the whole storage, so draws are always those of the stored content. The draws
+    are the same as a search of the whole storage gives, for the same generator state. Other storages (``ndim=2``, lists, accelerators) find
     the boundaries in the whole storage, cached with ``cache_values``.
 
     Keyword Args:
@@ -710,12 +711,10 @@ class SliceSampler(Sampler):
 
     # -- writes and readiness --------------------------------------------------------------------------------
     def mark_update(self, index, *, storage=None) -> None:
-        """Called by the buffer after ``index`` was written to ``storage``: the live index logs the write and
-        applies it at the next draw (NOTE [live trajectory index])."""
+        """Called by the buffer after ``index`` was written to ``storage``. The live index needs no notice: it
+        reads the storage's append counters at the next draw (NOTE [catching up on appends] in
+        ``samplers/_trajectory_sync.py``), whichever process wrote."""
         Sampler.mark_update(self, index, storage=storage)  # not super(): subclasses call each base explicitly
-        live = self._live
-        if live is not None:
-            live.note_write(index, storage)
 
     def _empty(self) -> None:
         Sampler._empty(self)  # not super(): subclasses call each base explicitly
@@ -726,6 +725,32 @@ class SliceSampler(Sampler):
         state = super().__getstate__()
         state["_live"] = state["_live_bounds"] = None  # per process: a copy builds its own from its storage
         return state
+
+    @property
+    def trajectory_index_stats(self) -> dict[str, int]:
+        """How this copy of the sampler followed the writes: ``{"rebuilds": n, "catch_ups": m}``.
+
+        ``rebuilds`` counts the times its trajectory index was built from the whole storage (``O(N)``: the first
+        draw, then writes that are not appends), ``catch_ups`` the draws that applied the rows written since in
+        ``O(rows written)`` (NOTE [catching up on appends] in ``samplers/_trajectory_sync.py``). Per process: a
+        DataLoader worker's copy counts its own. Both ``0`` before the first draw and on storages without the
+        live index.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage, SliceSampler
+            >>> storage = LazyTensorStorage(100)
+            >>> sampler = SliceSampler(slice_len=2, traj_key="episode")
+            >>> storage.set(torch.arange(10), TensorDict(episode=torch.arange(10) // 5, batch_size=[10]))
+            >>> _ = sampler.sample(storage, 4)
+            >>> storage.set(torch.arange(10, 15), TensorDict(episode=torch.full((5,), 2), batch_size=[5]))
+            >>> _ = sampler.sample(storage, 4)
+            >>> sampler.trajectory_index_stats
+            {'rebuilds': 1, 'catch_ups': 1}
+        """
+        live = self._live
+        return {"rebuilds": 0 if live is None else live.rebuilds, "catch_ups": 0 if live is None else live.catch_ups}
 
     def can_sample(self, storage, batch_size: int) -> bool:
         """Whether :meth:`sample` can draw a batch of ``batch_size`` from ``storage`` now.

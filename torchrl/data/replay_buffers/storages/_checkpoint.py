@@ -7,7 +7,9 @@
 Tensor storage part (``doc``): ``class``, ``max_size``, ``ndim``, ``initialized`` and, once initialized,
 ``codec``, ``batch_size`` (the backing's grid), ``rows``, ``last_row``, ``saved_rows`` (the rows saved: the
 written ones, or every row when the files are linked whole) and ``leaves`` (``key``, ``tensor`` name, full
-``shape``, ``dtype``). The rows of each leaf are the tensor ``<prefix>storage/<key path>``.
+``shape``, ``dtype``). The rows of each leaf are the tensor ``<prefix>storage/<key path>``. An incremental part
+has ``base_rows``, ``patches`` and per leaf ``base``/``patches`` instead of ``tensor`` (see :mod:`._incremental`,
+which also describes the ``checkpoint_ids`` that the checkpoint's metadata holds beside the component).
 
 List storage part: ``class``, ``max_size``, ``count`` and ``layout``: ``"empty"``, ``"stacked"`` (one entry
 whose leaves stack every item) or ``"items"`` (one entry per item); each entry holds a data ``codec``, a
@@ -23,10 +25,12 @@ import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from tensordict import LazyStackedTensorDict, MemoryMappedTensor, TensorDict, TensorDictBase
 
 import torchrl.data.replay_buffers._checkpoint.io as _io
+import torchrl.data.replay_buffers.storages._incremental as _inc
 import torchrl.data.replay_buffers.storages._ragged as _ragged
 from torchrl.data.replay_buffers._checkpoint.parts import PartContext, check_class, mismatch, qualname
 from torchrl.data.replay_buffers._checkpoint.validate import check_int_field
@@ -56,11 +60,14 @@ def tensor_storage_part(
     rows: int,
     last_row: int,
     ctx: PartContext,
+    versions=None,
 ) -> tuple[dict, dict]:
     """The part of a tensor storage whose data is ``backing`` (``None`` before the first write).
 
     When every file of a memory-mapped backing lies in the checkpoint's own ``storage`` directory, every row is
-    saved, so that ``write_checkpoint`` hard-links the files instead of copying them.
+    saved, so that ``write_checkpoint`` hard-links the files instead of copying them. Otherwise the part carries
+    a ``checkpoint_id``, and with ``versions`` (the storage's row versions) a dump onto a checkpoint this
+    storage wrote is incremental (see :mod:`._incremental`).
     """
     doc: dict[str, Any] = {
         "class": qualname(storage),
@@ -79,18 +86,16 @@ def tensor_storage_part(
     whole = _files_under(backing, os.path.join(ctx.path, ctx.prefix + "storage"))
     saved_rows = backing.batch_size[0] if whole else rows
     keys = _leaf_keys(backing)
-    tensors, leaves = {}, []
-    for key, name in zip(keys, _io.leaf_names(keys)):
-        leaf = backing.get(key)
-        tensors[ctx.name(f"storage/{name}")] = leaf[:saved_rows]
-        leaves.append(
-            {
-                "key": list(key),
-                "tensor": ctx.name(f"storage/{name}"),
-                "shape": list(leaf.shape),
-                "dtype": _io.dtype_name(leaf.dtype),
-            }
-        )
+    names = _io.leaf_names(keys)
+    leaves = [
+        {
+            "key": list(key),
+            "tensor": ctx.name(f"storage/{name}"),
+            "shape": list(backing.get(key).shape),
+            "dtype": _io.dtype_name(backing.get(key).dtype),
+        }
+        for key, name in zip(keys, names)
+    ]
     doc.update(
         codec=codec.to_json(),
         batch_size=list(backing.batch_size),
@@ -99,7 +104,43 @@ def tensor_storage_part(
         saved_rows=saved_rows,
         leaves=leaves,
     )
+    if not whole:
+        ident = _inc.checkpoint_id(versions)
+        _inc.set_checkpoint_id(ctx, ident)
+        plan = None if versions is None else _inc.plan(versions, doc, ctx)
+        patched = None if plan is None else _patched_part(doc, plan, backing, keys, ctx, ident["version"])
+        if versions is not None:
+            reused = {} if patched is None else plan.reused
+            _inc.remember_after_write(versions, ctx, doc if patched is None else patched[1], ident, reused)
+        if patched is not None:
+            return patched
+    tensors = {leaf["tensor"]: backing.get(key)[:saved_rows] for leaf, key in zip(leaves, keys)}
     return tensors, doc
+
+
+def _patched_part(doc: dict, plan, backing, keys, ctx: PartContext, version: int) -> tuple[dict, dict] | None:
+    """The incremental form of the full part ``doc`` (see :mod:`._incremental`); ``None`` if names collide."""
+    old = plan.previous
+    tensors = dict(plan.reused)
+    leaves = []
+    for position, (leaf, old_leaf, key) in enumerate(zip(doc["leaves"], old["leaves"], keys)):
+        new_names = [_inc.patch_name(ctx.name("storage"), version, i, position) for i in range(len(plan.ranges))]
+        for (start, stop), patch in zip(plan.ranges, new_names):
+            if patch in tensors:
+                return None
+            tensors[patch] = backing.get(key)[start:stop]
+        leaves.append(
+            {
+                "key": leaf["key"],
+                "base": old_leaf.get("base", old_leaf.get("tensor")),
+                "patches": list(old_leaf.get("patches") or ()) + new_names,
+                "shape": leaf["shape"],
+                "dtype": leaf["dtype"],
+            }
+        )
+    patched = dict(doc, leaves=leaves, base_rows=old.get("base_rows", old["saved_rows"]))
+    patched["patches"] = list(old.get("patches") or ()) + plan.ranges
+    return tensors, patched
 
 
 def check_tensor_storage_part(
@@ -122,12 +163,15 @@ def check_tensor_storage_part(
         raise CheckpointError(
             f"The checkpoint's storage description has no data codec (`codec` is {doc.get('codec')!r})."
         )
-    for leaf in doc["leaves"]:
-        stored = tensors.get(leaf["tensor"])
-        if stored is None or list(stored.shape) != [doc["saved_rows"], *leaf["shape"][1:]]:
-            raise ValueError(
-                f"The checkpoint's storage entry {leaf['tensor']!r} does not match its description."
-            )
+    if "patches" in doc:
+        _check_patches(storage, doc, tensors, ctx)
+    else:
+        for leaf in doc["leaves"]:
+            stored = tensors.get(leaf["tensor"])
+            if stored is None or list(stored.shape) != [doc["saved_rows"], *leaf["shape"][1:]]:
+                raise ValueError(
+                    f"The checkpoint's storage entry {leaf['tensor']!r} does not match its description."
+                )
     if backing is None:
         return
     here = {_key_tuple(k): v for k, v in backing.items(include_nested=True, leaves_only=True)}
@@ -170,6 +214,41 @@ def _check_counters(storage, doc: dict, ctx: PartContext) -> int:
                 f"with the storage's `batch_size` {grid}. Save the storage again with `dumps`. Nothing was loaded."
             )
     return rows
+
+
+def _check_patches(storage, doc: dict, tensors: Mapping, ctx: PartContext) -> None:
+    """Checks the base rows and patches of an incremental part (see :mod:`._incremental`)."""
+    where = f"The {type(storage).__name__} description in the checkpoint {ctx.path!r}"
+    saved = doc["saved_rows"]
+    base_rows = check_int_field(doc.get("base_rows"), "base_rows", where, 0, saved, fix="Base rows are saved rows.")
+    patches = doc["patches"]
+    if not isinstance(patches, list) or len(patches) > _inc.MAX_PATCHES:
+        raise CheckpointError(
+            f"{where}: `patches` is not a list of at most {_inc.MAX_PATCHES} [start, stop] row ranges. Save the "
+            f"storage again with `dumps`. Nothing was loaded."
+        )
+    covered = np.zeros(saved, dtype=bool)
+    covered[:base_rows] = True
+    for i, patch in enumerate(patches):
+        if not isinstance(patch, list) or len(patch) != 2:
+            raise CheckpointError(f"{where}: `patches[{i}]` is {patch!r}, expected [start, stop]. Nothing was loaded.")
+        start = check_int_field(patch[0], f"patches[{i}][0]", where, 0, max(saved - 1, 0))
+        check_int_field(patch[1], f"patches[{i}][1]", where, start + 1, saved)
+        covered[patch[0] : patch[1]] = True
+    if not covered.all():
+        raise CheckpointError(
+            f"{where}: rows {np.flatnonzero(~covered)[:8].tolist()} are neither base rows nor in a patch. Save "
+            f"the storage again with `dumps`. Nothing was loaded."
+        )
+    for leaf in doc["leaves"]:
+        names = leaf.get("patches")
+        if not isinstance(names, list) or len(names) != len(patches):
+            raise CheckpointError(f"{where}: the entry {leaf.get('key')!r} does not name one tensor per patch.")
+        expected = [(leaf.get("base"), base_rows)] + [(n, b - a) for n, (a, b) in zip(names, patches)]
+        for name, n in expected:
+            stored = tensors.get(name) if isinstance(name, str) else None
+            if stored is None or list(stored.shape) != [n, *leaf["shape"][1:]]:
+                raise ValueError(f"The checkpoint's storage entry {name!r} does not match its description.")
 
 
 def check_same_layout(dst: TensorDictBase, src: TensorDictBase) -> None:
@@ -216,10 +295,15 @@ def item_template(doc: dict) -> TensorDict:
 def map_checkpoint_files(doc: dict, tensors: Mapping, directory: str) -> TensorDict | None:
     """A backing that maps the checkpoint's files in place (read-write), when they all lie in ``directory`` and
     hold every row; else ``None``. For a memory-mapped storage whose scratch directory is the checkpoint's
-    ``storage`` directory."""
-    if doc["saved_rows"] != doc["batch_size"][0] or not doc["leaves"]:
+    ``storage`` directory.
+
+    The files of an incremental checkpoint are its base rows: :func:`copy_saved_rows` then writes the patches
+    into them, so the checkpoint's files change with the load already (as they do with every write once the
+    storage maps them), not only with the storage's writes.
+    """
+    if doc.get("base_rows", doc["saved_rows"]) != doc["batch_size"][0] or not doc["leaves"]:
         return None
-    files = [getattr(tensors[leaf["tensor"]], "filename", None) for leaf in doc["leaves"]]
+    files = [getattr(tensors[leaf.get("base", leaf.get("tensor"))], "filename", None) for leaf in doc["leaves"]]
     root = os.path.realpath(directory)
     if any(f is None or not os.path.realpath(f).startswith(root + os.sep) for f in files):
         return None
@@ -232,13 +316,52 @@ def map_checkpoint_files(doc: dict, tensors: Mapping, directory: str) -> TensorD
     return backing
 
 
+# Loads copy with a few threads when there is much to copy: a kernel copy of the page cache (copy_file_range,
+# preadv) runs on one core, and releases the GIL, so several copies of disjoint row ranges run at the speed of
+# several cores, where a single-stream file copy runs at one core's. Measured in benchmarks/checkpoint_incremental.py.
+LOAD_THREADS = min(4, os.cpu_count() or 1)
+PARALLEL_MIN_BYTES = 64 << 20
+_PARALLEL_CHUNK_BYTES = 32 << 20
+
+
 def copy_saved_rows(doc: dict, tensors: Mapping, backing: TensorDictBase) -> None:
-    """Copies the saved rows of every leaf into ``backing`` (file to file for a memory-mapped backing)."""
-    saved_rows = doc["saved_rows"]
+    """Copies the saved rows of every leaf into ``backing`` (file to file for a memory-mapped backing): the base
+    rows, in row ranges copied by up to :data:`LOAD_THREADS` threads for large loads, then the patches in order
+    (later patches win)."""
+    base_rows = doc.get("base_rows", doc["saved_rows"])
+    jobs, patches = [], []
     for leaf in doc["leaves"]:
-        source = tensors[leaf["tensor"]]
+        target = backing.get(tuple(leaf["key"]))
+        source = tensors[leaf.get("base", leaf.get("tensor"))]
         if source.numel():
-            _io.read_into(source.filename, backing.get(tuple(leaf["key"]))[:saved_rows])
+            jobs.append((source.filename, target[:base_rows]))
+        for (start, stop), name in zip(doc.get("patches", ()), leaf.get("patches", ())):
+            if tensors[name].numel():
+                patches.append((tensors[name].filename, target[start:stop]))
+    total = sum(t.numel() * t.element_size() for _, t in jobs)
+    if total < PARALLEL_MIN_BYTES or LOAD_THREADS < 2 or any(not t.is_contiguous() for _, t in jobs):
+        for file, target in jobs + patches:
+            _io.read_into(file, target)
+        return
+    chunks = []
+    for file, target in jobs:
+        row_bytes = max(1, target[0].numel() * target.element_size())
+        step = max(1, _PARALLEL_CHUNK_BYTES // row_bytes)
+        chunks.extend((file, target[a : a + step], a * row_bytes) for a in range(0, target.shape[0], step))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(LOAD_THREADS, len(chunks))) as pool:
+        for done in [pool.submit(_io.read_into, file, target, lambda n: None, offset) for file, target, offset in chunks]:
+            done.result()  # the first error, once every copy has stopped
+    for file, target in patches:
+        _io.read_into(file, target)
+
+
+def remember_loaded(versions, backing: TensorDictBase, doc: dict, tensors: Mapping, ctx: PartContext) -> None:
+    """After ``doc`` was loaded into ``backing`` (rows stamped by ``versions``): the next dump at ``ctx.path`` may
+    be incremental, unless the backing maps the checkpoint's own files (they change with every write)."""
+    live = _files_under(backing, os.path.join(ctx.path, ctx.prefix + "storage"))
+    _inc.remember_loaded(versions, None if live else doc, tensors, ctx, versions.snapshot())
 
 
 # -- list storages ----------------------------------------------------------------------------------------------
