@@ -42,10 +42,11 @@ class PolicyAgeFilter(Transform):
     must read a value the workers see (a shared-memory counter), or the workers use the version they were
     started with.
 
-    .. note:: Use a :class:`~torchrl.data.ReplayBuffer` when it filters samples: a
-        :class:`~torchrl.data.TensorDictReplayBuffer` writes the sampler's ``"index"`` (one per drawn row) into
-        the batch after the transforms, which fails on a batch that lost rows. Filtering on the write path works
-        with every buffer.
+    .. note:: Every buffer takes it on both paths. On the sample path, a
+        :class:`~torchrl.data.TensorDictReplayBuffer` whose batch lost rows leaves out of it the sampler's info
+        entries that hold one value per drawn row (``"priority_weight"``, slice flags), as they no longer match
+        the rows kept; the ``"index"`` its writer stores with each row stays with the row, and
+        ``sample(return_info=True)`` still returns the info of every drawn row.
 
     Args:
         current_version (int or callable): the learner's policy version, or a zero-argument callable

@@ -16,57 +16,43 @@ whose workers do not prefetch); the generator state travels as ``bytes``.
 Other concepts live in their packages, and the methods here delegate to them: the Hugging Face exchange
 (:mod:`~torchrl.data.replay_buffers.hf`), the DataLoader adapter
 (:mod:`~torchrl.data.replay_buffers.replay_buffers.dataset`), the checks of arguments and components
-(``_checks.py``) and the service backends (``_service_backend.py``).
+(``_checks.py``), the service backends (``_service_backend.py``); and, in private modules beside this one, the
+construction and delayed init (``_construction.py``), the write and sample paths (``_writing.py``,
+``_batch_layout.py``, ``_sampling.py``), component swaps (``_swapping.py``), the state dict and pickled state
+(``_buffer_state.py``) and the checkpoint part (``_buffer_part.py``).
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
-import contextlib
-import copy
 import functools
-import numbers
 import threading
 import weakref
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase, is_tensorclass
+from tensordict import TensorDictBase
 
 import torchrl.data.replay_buffers.hf.export as _hf_export
 import torchrl.data.replay_buffers.hf.importer as _hf_import
+import torchrl.data.replay_buffers.replay_buffers._buffer_part as _part
+import torchrl.data.replay_buffers.replay_buffers._buffer_state as _state
+import torchrl.data.replay_buffers.replay_buffers._construction as _construction
 import torchrl.data.replay_buffers.replay_buffers._prefetch as _prefetch
 import torchrl.data.replay_buffers.replay_buffers._readiness as _readiness
-from torchrl._validation import check_int
-from torchrl.data.replay_buffers._checkpoint.generator_state import generator_from_state, generator_to_state
-from torchrl.data.replay_buffers._checkpoint.parts import (
-    PartContext,
-    check_class,
-    check_part,
-    dump_part,
-    load_part,
-    qualname,
-)
-from torchrl.data.replay_buffers._checkpoint.validate import check_int_field
-from torchrl.data.replay_buffers._shared.counters import is_spawning
+import torchrl.data.replay_buffers.replay_buffers._sampling as _sampling
+import torchrl.data.replay_buffers.replay_buffers._swapping as _swapping
+import torchrl.data.replay_buffers.replay_buffers._writing as _writing
+from torchrl.data.replay_buffers._checkpoint.generator_state import generator_from_state
+from torchrl.data.replay_buffers._checkpoint.parts import PartContext
 from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
-from torchrl.data.replay_buffers.errors import CheckpointError, torchrl_error, torchrl_warning
+from torchrl.data.replay_buffers.errors import torchrl_error, torchrl_warning
 from torchrl.data.replay_buffers.loading.collate import stack_samples
 from torchrl.data.replay_buffers.query import query_replay_buffer
+from torchrl.data.replay_buffers.replay_buffers._batch_layout import items_in
 from torchrl.data.replay_buffers.replay_buffers._checks import (
-    built,
-    check_compat_keywords,
-    check_component,
-    check_consuming_buffer,
-    check_drop_last,
     check_sample_batch_size,
-    check_sampler_fits_storage,
-    component_or_factory,
-    consuming_sampler_for,
-    default_writer_for,
     share_transform_write_state,
 )
 from torchrl.data.replay_buffers.replay_buffers._save_hooks import check_save_hook, dump_with_save_hooks
@@ -80,17 +66,15 @@ from torchrl.data.replay_buffers.replay_buffers.dataset import (
     unshared_stateful_component,
 )
 from torchrl.data.replay_buffers.replay_buffers.rate_limiters import RateLimiter
-from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
-from torchrl.data.replay_buffers.storages import ListStorage, Storage, TensorStorage
+from torchrl.data.replay_buffers.samplers import Sampler
+from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter, Writer
 from torchrl.envs.transforms.transforms import Compose, _InvertTransform, as_transform
 
 # the iterator behind ReplayBuffer.next(), per buffer: kept out of the buffer's __dict__ (never pickled)
 _NEXT_ITERATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# the children of a buffer's checkpoint part, in the order they are saved
-_CHECKPOINT_ROLES = ("storage", "sampler", "writer", "transforms")
-# the small children, loaded before the storage and put back if a later load raises
-_SMALL_CHILDREN = ("sampler", "writer", "transforms")
+# the fields made by _make_runtime_state (and the prefetch chain's last turn): never pickled
+_RUNTIME_STATE = ("_replay_lock", "_futures_lock", "_prefetch_queue", "_prefetch_executor", "_last_draw_turn")
 
 
 def _identity(x):
@@ -204,38 +188,22 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         checkpointer=None,
         rate_limiter: RateLimiter | None = None,
     ) -> None:
-        if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
-            raise TypeError(
-                f"`rate_limiter` must be a RateLimiter (MinSize, SampleToInsertRatio) or None, got "
-                f"{type(rate_limiter).__name__}."
-            )
+        checked = _construction.check_arguments(
+            rate_limiter=rate_limiter, transform=transform, transform_factory=transform_factory,
+            consume_after_n_samples=consume_after_n_samples, compilable=compilable, delayed_init=delayed_init,
+            sample_unit=sample_unit, batch_size=batch_size, prefetch=prefetch, shared=shared, storage=storage,
+            sampler=sampler, writer=writer, dim_extend=dim_extend, generator=generator,
+        )  # fmt: skip
         self._limiter = rate_limiter
         self._flow = _readiness.FlowState()
-        transform, self._compilable, self._sample_unit, delay = check_compat_keywords(
-            transform=transform, transform_factory=transform_factory, consume_after_n_samples=consume_after_n_samples,
-            compilable=compilable, delayed_init=delayed_init, sample_unit=sample_unit,
-        )  # fmt: skip
-        self._batch_size = None if batch_size is None else check_sample_batch_size(batch_size)
-        check_int("prefetch", prefetch, minimum=0, allow_none=True, type_error=False)
-        if prefetch and shared:
-            raise torchrl_error("prefetch_shared", prefetch=prefetch)
-        consuming = consume_after_n_samples is not None or getattr(sampler, "consumes_items", False)
-        if prefetch and self._batch_size is None and not consuming:  # consuming: refused below, as in TorchRL
-            raise ValueError("`prefetch` samples ahead with the buffer's `batch_size`: pass batch_size too.")
-        check_int("dim_extend", dim_extend, minimum=0, allow_none=True, type_error=False)
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"`generator` must be a torch.Generator or None, got {type(generator).__name__}.")
-        storage = component_or_factory("storage", storage, Storage)
-        sampler = component_or_factory("sampler", sampler, Sampler)
-        writer = component_or_factory("writer", writer, Writer)
+        transform, self._compilable, self._sample_unit = checked.transform, checked.compilable, checked.sample_unit
+        self._batch_size, storage, sampler, writer = checked.batch_size, checked.storage, checked.sampler, checked.writer
         self._prefetch = int(prefetch or 0)
         args = dict(
             collate_fn=collate_fn, pin_memory=pin_memory, dim_extend=dim_extend, generator=generator, shared=shared,
             consume_after_n_samples=consume_after_n_samples, checkpointer=checkpointer,
         )  # fmt: skip
-        if delay:  # TorchRL's delayed init: the components are built by the first write (see _ready)
-            if isinstance(sampler, Sampler):
-                check_drop_last(sampler, self._batch_size)
+        if checked.delay:  # TorchRL's delayed init: the components are built by the first write (see _ready)
             self._initialized = False
             self._init_storage, self._init_sampler, self._init_writer = storage, sampler, writer
             self._init_transform, self._init_args = transform, args
@@ -244,26 +212,19 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             self._make_runtime_state()
             return
         self._initialized = True
-        self._build(built("storage", storage, Storage), built("sampler", sampler, Sampler),
-                    built("writer", writer, Writer), transform, **args)  # fmt: skip
+        self._build(*_construction.built_components(storage, sampler, writer, transform, None), **args)
 
     def _build(
         self, storage, sampler, writer, transform, *, collate_fn, pin_memory, dim_extend, generator, shared,
         consume_after_n_samples, checkpointer,
     ) -> None:  # fmt: skip
-        """Builds and wires the components (at construction, or at the first write of a delayed buffer)."""
-        prefetch = self._prefetch
-        storage = ListStorage(1000, compilable=self._compilable) if storage is None else storage
-        writer = default_writer_for(storage, self._default_writer, self._compilable) if writer is None else writer
-        self._storage = check_component("storage", storage, Storage)
-        sampler = consuming_sampler_for(sampler, consume_after_n_samples)
-        self._sampler = check_component("sampler", sampler if sampler is not None else RandomSampler(), Sampler)
-        self._writer = check_component("writer", writer, Writer)
-        check_sampler_fits_storage(self._sampler, self._storage)
-        check_consuming_buffer(self._sampler, self._storage, self._writer, prefetch)
-        check_drop_last(self._sampler, self._batch_size)
-        if checkpointer is not None:  # TorchRL's keyword: the storage's checkpointer (its dumps/loads layout)
-            self._storage.checkpointer = checkpointer
+        """Builds and wires the components (at construction, or at the first write of a delayed buffer); the
+        defaults and checks are ``_construction.py``'s."""
+        self._storage, self._sampler, self._writer = _construction.checked_components(
+            storage, sampler, writer, compilable=self._compilable, default_writer=self._default_writer,
+            consume_after_n_samples=consume_after_n_samples, prefetch=self._prefetch, batch_size=self._batch_size,
+            checkpointer=checkpointer,
+        )  # fmt: skip
         self._storage.attach(self)
         self._writer.register_storage(self._storage)
         self._collate_fn = collate_fn if collate_fn is not None else self._default_collate()
@@ -288,15 +249,11 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         with self._futures_lock:
             if self._initialized:
                 return
-            storage = built("storage", self._init_storage, Storage)
-            sampler = built("sampler", self._init_sampler, Sampler)
-            writer = built("writer", self._init_writer, Writer)
-            transform = self._init_transform
-            if self._init_transform_factory is not None:
-                transform = self._init_transform_factory()
+            components = _construction.built_components(self._init_storage, self._init_sampler, self._init_writer,
+                                                          self._init_transform, self._init_transform_factory)  # fmt: skip
             self._initialized = True  # the methods _build calls (share, set_rng) must not build again
             try:
-                self._build(storage, sampler, writer, transform, **self._init_args)
+                self._build(*components, **self._init_args)
             except BaseException:
                 self._initialized = False
                 raise
@@ -304,7 +261,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
                          "_init_transform_factory"):
                 delattr(self, name)
 
-    # -- construction helpers -----------------------------------------------------------------------------------
+    # -- construction helpers (the defaults are _construction.py's) ---------------------------------------------
     @staticmethod
     def _default_writer(compilable: bool = False) -> Writer:
         return RoundRobinWriter(compilable=compilable)
@@ -314,11 +271,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
 
     @staticmethod
     def _as_compose(transform) -> Compose:
-        if transform is None:
-            return Compose()
-        if isinstance(transform, Compose):
-            return transform
-        return Compose(as_transform(transform))
+        return _construction.as_compose(transform)
 
     def _make_runtime_state(self) -> None:
         """Locks, thread pool and prefetch queue: never pickled, rebuilt empty in every copy."""
@@ -478,40 +431,15 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             if data is None:
                 return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         with self._replay_lock, self._storage.write_lock:
-            sampler = self._sampler
-            if sampler.consumes_items:  # consumed slots first (the writer was checked at construction)
-                index = self._writer.add_free_first(data, sampler.free_slots)
-            else:
-                index = self._writer.add(data)
-            if index is not None:  # None: a top-k writer rejected the item
-                self._sampler.add(index)
-        return index
+            return _writing.add_locked(data, self._writer, self._sampler)
 
-    @contextlib.contextmanager
     def _insert_gate(self, n: int, timeout):
-        """Around a write of ``n`` items: waits for the rate limiter's permission (when it blocks inserts), and
-        wakes the waiting readers afterwards (NOTE [readiness and waiting] in ``_readiness.py``)."""
-        limiter = self._limiter
-        if limiter is None or not limiter.blocks_inserts:
-            if timeout is not None:
-                _readiness.check_wait_args(False, timeout, None)
-            yield
-            self._flow.notify()
-            return
-        timeout = _readiness.check_wait_args(False, timeout, None)
-        _readiness.reserve_insert(self, self._flow, limiter, n, timeout=timeout)
-        try:
-            yield
-        finally:
-            self._flow.release_inserts(n)
+        """Around a write of ``n`` items: a rate limiter's permission first, the waiting readers woken after
+        (``_writing.insert_gate``)."""
+        return _writing.insert_gate(self, self._flow, self._limiter, n, timeout)
 
     def _inv_transform_item(self, data):
-        if isinstance(data, TensorDictBase):  # unsqueeze gives a new TensorDict: the caller's is untouched
-            out = self._transform.inv(data.unsqueeze(0))
-            if out is None or (out.batch_dims and out.batch_size[0] == 0):  # the transforms dropped the item
-                return None
-            return out.squeeze(0)
-        return self._transform.inv(data)
+        return _writing.inv_transform_item(self._transform, data)
 
     def extend(self, data, *, timeout: float | None = None) -> torch.Tensor:
         """Writes a batch (first dim = items, or ``dim_extend``) and returns the written indices.
@@ -534,17 +462,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
 
     def _as_stored_batch(self, data):
         """``data`` through the inverse transforms, items first; ``None`` when the transforms dropped it."""
-        if isinstance(self._storage, ListStorage) and isinstance(data, (range, tuple, set, collections.abc.Iterator)):
-            data = list(data)  # a list storage takes any iterable of items, e.g. rb.extend(range(2000))
-        if len(self._transform):
-            if isinstance(data, TensorDictBase):
-                data = data.clone(False)  # transforms edit the structure in place, not the caller's TensorDict
-            data = self._transform.inv(data)
-            if data is None:
-                return None
-        if self._dim_extend > 0:
-            data = _move_dim_to_front(data, self._dim_extend)
-        return data
+        return _writing.as_stored_batch(data, self._storage, self._transform, self._dim_extend)
 
     def _write_batch(self, data, priority=None, timeout=None) -> torch.Tensor:
         """Writes a batch laid out as the storage expects, and its ``priority`` if given, in one locked step.
@@ -553,24 +471,12 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         processes overlap it; cursor, rows, counters, sampler and priorities change under the lock. A rate
         limiter's permission is obtained first, outside every lock (``timeout``: see :meth:`extend`).
         """
-        with self._insert_gate(_items_in(data), timeout):
+        with self._insert_gate(items_in(data), timeout):
             return self._write_batch_now(data, priority)
 
     def _write_batch_now(self, data, priority) -> torch.Tensor:
         with self._replay_lock:
-            sampler = self._sampler
-            if sampler.consumes_items:  # consumed slots first (the writer was checked at construction)
-                with self._storage.write_lock:
-                    index = self._writer.extend_free_first(data, sampler.free_slots)
-                    sampler.extend(index)
-                return index
-            data = self._writer.prepare(data)
-            with self._storage.write_lock:
-                index = self._writer.extend(data)
-                self._sampler.extend(index)
-                if priority is not None and index.numel():
-                    self.update_priority(index, priority)
-        return index
+            return _writing.write_locked(data, priority, self._storage, self._writer, self._sampler, self.update_priority)
 
     def mark_update(self, index) -> None:
         """Called by the writer after a write; forwards ``index`` to the sampler."""
@@ -738,56 +644,23 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         reserved when the task is queued and counted when it draws, so batches sampled ahead count against the
         budget (a cancelled task releases its reservation)."""
         with self._futures_lock:  # see NOTE [prefetch epochs] in _prefetch.py
-            queue = self._prefetch_queue
-            if queue:
-                future = queue.popleft()
-                result = future.result()
-                turn = getattr(future, "draw_turn", None)
-                ended = None if turn is None else turn.ran_out
-            else:
-                result, ended = now(bs), self._sampler.ran_out
-            limiter = self._limiter
-            while len(queue) < self._prefetch:
-                if limiter is not None and not _readiness.try_reserve_sample(self, self._flow, limiter, bs):
-                    break
-                previous = getattr(self, "_last_draw_turn", None)
-                if limiter is None:
-                    draw = self._counted_draw
-                else:  # the reservation is the draw's: a task cancelled before it ran gives it back
-                    draw = functools.partial(_readiness.reserved_draw, self._flow, self._sample)
-                future, self._last_draw_turn = _prefetch.submit_in_order(self._prefetch_executor, draw, bs, previous)
-                if limiter is not None:
-                    future.add_done_callback(_readiness.release_if_cancelled(self._flow, bs))
-                queue.append(future)
+            result, ended, self._last_draw_turn = _sampling.next_prefetched(
+                self, self._prefetch_queue, bs, now, capacity=self._prefetch, executor=self._prefetch_executor,
+                sampler=self._sampler, limiter=self._limiter, flow=self._flow, counted_draw=self._counted_draw,
+                sample=self._sample, previous=getattr(self, "_last_draw_turn", None),
+            )  # fmt: skip
         self._epoch_ended = ended
         return result
 
     def _sample(self, batch_size: int, transform: bool = True):
-        turn = _prefetch.current_turn()  # a prefetch task: draw after the task submitted before it
-        if turn is not None:
-            turn.wait_previous()
+        """One draw: ``(batch, info)``, through the forward transforms unless ``transform=False`` (see
+        ``_sampling.py``); subclasses extend it (e.g. HER relabels the batch)."""
+        turn = _sampling.wait_for_turn()  # a prefetch task: draw after the task submitted before it
         with self._replay_lock:
-            try:
-                index, info = self._sampler.sample(self._storage, batch_size)
-                if turn is not None:
-                    turn.ran_out = self._sampler.ran_out
-            finally:
-                if turn is not None:
-                    turn.release()
-            unit = self._sample_unit
-            if unit is not None:  # see torchrl.data.replay_buffers.sample_units
-                index, info = unit.expand(index, info, self._storage)
-            info["index"] = index
-            if self._writer.tracks_generations:
-                info["index_generation"] = self._writer.generations_of(index)
-            data = self._storage.get(index) if unit is None else unit.read(self._storage, index)
-        if not isinstance(index, int):
-            data = self._collate_fn(data)
-        if transform and len(self._transform):
-            data = self._transform(data)
-        if self._pin_memory and torch.cuda.is_available() and hasattr(data, "pin_memory"):
-            data = data.pin_memory()
-        return data, info
+            data, info = _sampling.read_drawn(self._sampler, self._storage, self._writer, batch_size,
+                                              unit=self._sample_unit, turn=turn)  # fmt: skip
+        return _sampling.finish_batch(data, info, self._collate_fn, self._transform if transform else None,
+                                      self._pin_memory)  # fmt: skip
 
     def __iter__(self):
         """Yields batches of ``batch_size`` until the sampler runs out (endless for samplers that never do)."""
@@ -828,15 +701,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
                 value = value.clone(False)
             value = self._transform.inv(value)
         with self._replay_lock, self._storage.write_lock:
-            if isinstance(self._storage, TensorStorage) and len(self._storage) and _shares_memory(
-                value, self._storage[:]
-            ):
-                value = value.clone()  # a read of the storage written back: source and destination overlap
-            self._storage.set_in_layout(index, value, self._dim_extend)
-            if isinstance(index, slice):
-                index = torch.arange(*index.indices(self._storage.rows_written()))
-            if not isinstance(index, tuple):  # overwritten items are new items for the sampler
-                self._storage.mark_update(index)
+            _writing.set_rows(self._storage, index, value, self._dim_extend)
         self._flow.notify()
 
     # -- transforms ---------------------------------------------------------------------------------------------
@@ -898,16 +763,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
     def _edit_rows(self, index, edit) -> None:
         self._ready()
         with self._replay_lock, self._storage.write_lock:
-            if index is None:
-                index = torch.arange(self._storage.rows_written())
-            data = self._storage.get(index)
-            if not isinstance(data, TensorDictBase):
-                raise TypeError(
-                    f"In-place edits need a storage of TensorDicts; this buffer's storage returned "
-                    f"{type(data).__name__}. Write the new values with rb[index] = value instead."
-                )
-            edit(data)
-            self._storage.set(index, data, set_cursor=False)
+            _writing.edit_rows(self._storage, index, edit)
 
     def set_(self, key, value) -> None:
         """Sets entry ``key`` of every stored item to ``value`` (shaped like the stored rows)."""
@@ -1051,27 +907,15 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             >>> type(old).__name__, len(old), rb[:]
             ('ListStorage', 2, tensor([0, 1, 2]))
         """
-        check_component("storage", storage, Storage)
-        check_sampler_fits_storage(self._sampler, storage)
-        check_consuming_buffer(self._sampler, storage, self._writer, self._prefetch)
+        _swapping.check_swap("storage", storage=storage, sampler=self._sampler, writer=self._writer,
+                             prefetch=self._prefetch, batch_size=self._batch_size)  # fmt: skip
 
         def wire(previous: Storage) -> None:
-            previous.detach(self)
-            storage.attach(self)
-            self._writer.register_storage(storage)
-            if getattr(storage, "writable", True):  # the writer starts after the rows the new storage holds
-                self._writer._empty(empty_write_count=False)
-                if len(storage):
-                    with contextlib.suppress(AttributeError):  # a writer that keeps no cursor
-                        self._writer._cursor = _next_row(storage)
+            _swapping.move_to_storage(self, previous, storage, self._writer, shared=self._shared)
             self._collate_fn = collate_fn if collate_fn is not None else self._default_collate()
-            if self._dim_extend >= storage.ndim:
-                self._dim_extend = storage.ndim - 1
-            if self._shared and hasattr(storage, "share_memory_"):
-                storage.share_memory_()
+            self._dim_extend = min(self._dim_extend, storage.ndim - 1)
             self.set_rng(self._rng)  # routes the buffer's generator to the new storage
-            if len(storage):
-                self._sampler.mark_update(torch.arange(len(storage)), storage=storage)
+            _swapping.announce_items(self._sampler, storage)
 
         return self._swap("_storage", storage, wire)
 
@@ -1090,8 +934,8 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             >>> rb[:]
             tensor([7, 1, 2])
         """
-        check_component("writer", writer, Writer)
-        check_consuming_buffer(self._sampler, self._storage, writer, self._prefetch)
+        _swapping.check_swap("writer", storage=self._storage, sampler=self._sampler, writer=writer,
+                             prefetch=self._prefetch, batch_size=self._batch_size)  # fmt: skip
 
         def wire(previous: Writer) -> None:
             writer.register_storage(self._storage)
@@ -1122,17 +966,14 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             >>> sorted(torch.cat([rb.sample(), rb.sample()]).tolist()) == list(range(10))
             True
         """
-        check_component("sampler", sampler, Sampler)
-        check_sampler_fits_storage(sampler, self._storage)
-        check_consuming_buffer(sampler, self._storage, self._writer, self._prefetch)
-        check_drop_last(sampler, self._batch_size)
+        _swapping.check_swap("sampler", storage=self._storage, sampler=sampler, writer=self._writer,
+                             prefetch=self._prefetch, batch_size=self._batch_size)  # fmt: skip
 
         def wire(previous: Sampler) -> None:
             self.set_rng(self._rng)
             if self._shared and sampler.requires_shared_state and sampler.can_share_state:
                 sampler.share_memory_()
-            if len(self._storage):
-                sampler.mark_update(torch.arange(len(self._storage)), storage=self._storage)
+            _swapping.announce_items(sampler, self._storage)
 
         return self._swap("_sampler", sampler, wire)
 
@@ -1153,20 +994,14 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             >>> rb.stats()["prefetch_queue_size"], rb.sample().shape
             (0, torch.Size([2]))
         """
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0
-        ):
-            raise ValueError(f"`timeout` must be None or a non-negative number of seconds, got {timeout!r}.")
+        timeout = _sampling.check_shutdown_timeout(timeout)
         with self._futures_lock:
             pending, executor = list(self._prefetch_queue), self._prefetch_executor
             self._prefetch_queue.clear()
             self._prefetch_executor, self._prefetch = None, 0
             self._shut_down = True
         self._flow.close()  # waiting samples and writes end (RuntimeError), in every process sharing the buffer
-        if pending:
-            concurrent.futures.wait(pending, timeout=timeout)
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+        _sampling.stop_prefetching(pending, executor, timeout)
 
     # -- state --------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -1175,17 +1010,8 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         self._ready()
         with self._futures_lock:  # after the tasks in flight: their draws moved the sampler and the generator
             prefetched = _prefetch.capture(self._prefetch_queue, self._prefetch)
-        rng = self._rng
-        return {
-            "_prefetch_state": prefetched,
-            "_storage": self._storage.state_dict(),
-            "_sampler": self._sampler.state_dict(),
-            "_writer": self._writer.state_dict(),
-            "_transforms": self._transform.state_dict(),
-            "_batch_size": self._batch_size,
-            "_rng": generator_to_state(rng),
-            "_readiness": self._flow.state_dict(),
-        }
+        return _state.buffer_state_dict(prefetched, self._checkpoint_children(), batch_size=self._batch_size,
+                                        rng=self._rng, flow=self._flow)  # fmt: skip
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores a state of :meth:`state_dict`, prefetched batches included.
@@ -1196,20 +1022,11 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         the components are loaded: a draw made after the load would move the restored sampler and generator.
         """
         self._ready()
-        prefetched = _prefetch.restore(state_dict.get("_prefetch_state"), self._prefetch)
-        readiness = state_dict.get("_readiness")
-        if readiness is not None:
-            _readiness.check_counter_state(readiness, "state_dict['_readiness']")
-        validate = getattr(self._sampler, "validate_state_dict", None)  # a third-party sampler may lack it
-        if validate is not None:  # a crafted sampler state is refused before the storage changes
-            validate(state_dict["_sampler"])
+        prefetched, readiness = _state.check_state_dict(state_dict, self._sampler, self._prefetch)
         with self._futures_lock:
             _prefetch.wait(self._prefetch_queue)  # before the replay lock, which prefetch tasks take
             with self._replay_lock, self._storage.write_lock:
-                self._storage.load_state_dict(state_dict["_storage"])
-                self._sampler.load_state_dict(state_dict["_sampler"])
-                self._writer.load_state_dict(state_dict["_writer"])
-                self._transform.load_state_dict(state_dict["_transforms"])
+                _state.load_children_state(state_dict, self._checkpoint_children())
                 self._batch_size = state_dict.get("_batch_size", self._batch_size)
                 rng = generator_from_state(state_dict.get("_rng"))
                 if rng is not None:
@@ -1222,21 +1039,13 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
 
     def __getstate__(self):
         prefetched = None
-        # a process being started (DataLoader workers), or a dataset's copy, never gets the parent's batches
-        if not is_spawning() and not _prefetch.leaving_queue_out():
+        if _state.keeps_prefetched():  # a process being started, or a dataset's copy, never gets the batches
             with self._futures_lock:
                 prefetched = _prefetch.capture(self._prefetch_queue, self._prefetch)
-        state = self.__dict__.copy()
-        for name in ("_replay_lock", "_futures_lock", "_prefetch_queue", "_prefetch_executor", "_last_draw_turn"):
-            state.pop(name, None)
-        state["_rng"] = generator_to_state(self._rng, as_bytes=True)
-        if prefetched is not None:
-            state["_prefetch_state"] = prefetched
-        return state
+        return _state.pickled_state(self.__dict__, _RUNTIME_STATE, rng=self._rng, prefetched=prefetched)
 
     def __setstate__(self, state):
-        rng = generator_from_state(state.pop("_rng", None))
-        prefetched = state.pop("_prefetch_state", None)
+        rng, prefetched = _state.unpickled_extras(state)
         self.__dict__.update(state)
         if "_flow" not in self.__dict__:  # pickled before readiness existed
             self._flow = _readiness.FlowState()
@@ -1295,71 +1104,32 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
     save = dumps
     load = loads
 
-    # -- checkpoint part (the protocol of _checkpoint/parts.py) -------------------------------------------------
-    # The part: {"class": ..., "batch_size": int | null, "rng": null | {"device": str, "state": "<prefix>rng/state"},
-    # "parts": {"storage": <wrapped part>, "sampler": ..., "writer": ..., "transforms": ...}, "prefetch": ... (when
-    # batches were sampled ahead; see _prefetch.py)}. The storage's tensors sit under the buffer's own prefix
-    # (``storage/...``), the other children's under ``sampler/``, ``writer/`` and ``transforms/``. Every part is
-    # checked, storage first, before any is loaded; the small parts (sampler, writer, transforms) are loaded
-    # before the storage and put back if a later load raises.
+    # -- checkpoint part (the protocol of _checkpoint/parts.py; the part's layout: _buffer_part.py) -------------
     checkpoint_role = "replay buffer"
 
     def _checkpoint_children(self) -> dict[str, Any]:
         return {"storage": self._storage, "sampler": self._sampler, "writer": self._writer, "transforms": self._transform}
 
     def checkpoint_part(self, ctx: PartContext) -> tuple[dict, dict]:
+        """The buffer's part: its children's, its batch size, generator, readiness counters and prefetched
+        batches (as in TorchRL); see ``_buffer_part.py``."""
         self._ready()
         with self._futures_lock:  # the prefetched batches, as in TorchRL (JSON + tensors, see _prefetch.py)
-            prefetch_tensors, prefetch = _prefetch.to_part(_prefetch.capture(self._prefetch_queue, self._prefetch), ctx)
-        children = self._checkpoint_children()
-        tensors, parts = {}, {}
-        for role in _CHECKPOINT_ROLES:
-            child_tensors, parts[role] = dump_part(children[role], _child_ctx(ctx, role))
-            tensors.update(child_tensors)
-        rng = generator_to_state(self._rng)
-        if rng is not None:
-            tensors[ctx.name("rng/state")] = rng["state"]
-            rng = {"device": rng["device"], "state": ctx.name("rng/state")}
-        doc = {"class": qualname(self), "batch_size": self._batch_size, "rng": rng, "parts": parts,
-               "readiness": self._flow.state_dict()}  # fmt: skip
-        if prefetch is not None:
-            tensors.update(prefetch_tensors)
-            doc["prefetch"] = prefetch
-        return tensors, doc
+            prefetched = _prefetch.capture(self._prefetch_queue, self._prefetch)
+        return _part.dump_buffer_part(self, self._checkpoint_children(), ctx, batch_size=self._batch_size,
+                                      rng=self._rng, flow=self._flow, prefetched=prefetched)  # fmt: skip
 
     def check_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
+        """Checks a part of :meth:`checkpoint_part` and its children's before anything is loaded."""
         self._ready()
-        check_class(self, doc, "replay buffer")
-        if set(doc["parts"]) != set(_CHECKPOINT_ROLES):
-            raise ValueError(
-                f"The checkpoint's buffer parts are {sorted(doc['parts'])}, expected {list(_CHECKPOINT_ROLES)}."
-            )
-        children = self._checkpoint_children()
-        for role in _CHECKPOINT_ROLES:
-            check_part(children[role], doc["parts"][role], tensors, _child_ctx(ctx, role))
-        where = f"The {type(self).__name__} description in the checkpoint {ctx.path!r}"
-        if doc["batch_size"] is not None:
-            check_int_field(doc["batch_size"], "batch_size", where, 1, fix="It is a positive JSON integer, or null.")
-        _saved_generator(doc, tensors, where)
-        _prefetch.check_part(doc.get("prefetch"), tensors, self._prefetch, ctx.path)
-        try:
-            _readiness.check_counter_state(doc.get("readiness", {}), f"{where}: `readiness`")
-        except ValueError as err:
-            raise CheckpointError(f"{err} Nothing was loaded.") from None
+        _part.check_buffer_part(self, self._checkpoint_children(), doc, tensors, ctx, prefetch=self._prefetch)
 
     def load_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
+        """Loads a checked part: the children (put back if one raises), then the buffer's own fields."""
         self._ready()
-        children = self._checkpoint_children()
-        before = {role: copy.deepcopy(children[role].state_dict()) for role in _SMALL_CHILDREN}
-        try:
-            for role in (*_SMALL_CHILDREN, "storage"):
-                load_part(children[role], doc["parts"][role], tensors, _child_ctx(ctx, role))
-        except BaseException:
-            for role in _SMALL_CHILDREN:
-                children[role].load_state_dict(before[role])
-            raise
+        _part.load_children(self._checkpoint_children(), doc, tensors, ctx)
         self._batch_size = doc["batch_size"]
-        rng = _saved_generator(doc, tensors, ctx.path)
+        rng = _part.saved_generator(doc, tensors, ctx.path)
         if rng is not None:
             self.set_rng(rng)
         self._flow.load_state_dict(doc.get("readiness", {}))  # a checkpoint without counters: they start at 0
@@ -1658,87 +1428,3 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             True
         """
         return _hf_import.buffer_from_hf(cls, source, **kwargs)
-
-
-def _tensor_leaves(data) -> list:
-    if isinstance(data, torch.Tensor):
-        return [data]
-    if isinstance(data, TensorDictBase) or is_tensorclass(data):
-        return [leaf for leaf in data.values(include_nested=True, leaves_only=True) if isinstance(leaf, torch.Tensor)]
-    return []
-
-
-def _shares_memory(value, stored) -> bool:
-    """Whether a tensor leaf of ``value`` lives in the memory of a tensor leaf of ``stored``."""
-    leaves = _tensor_leaves(value)
-    if not leaves:
-        return False
-    ptrs = {leaf.untyped_storage().data_ptr() for leaf in _tensor_leaves(stored) if leaf.device.type != "meta"}
-    return any(leaf.device.type != "meta" and leaf.untyped_storage().data_ptr() in ptrs for leaf in leaves)
-
-
-def _move_dim_to_front(data, dim: int):
-    shape = _batch_shape(data)
-    if shape is not None and len(shape) <= dim:
-        raise ValueError(
-            f"extend() writes along dim `dim_extend`={dim} of the data (by default the storage's ndim - 1: an "
-            f"ndim=2 storage takes [env, time, ...] batches), but the data has batch shape {list(shape)}. Pass "
-            f"data with at least {dim + 1} leading dims (e.g. data.unsqueeze(0) for one env), or use a storage "
-            f"with ndim=1 for flat batches."
-        )
-    if isinstance(data, (torch.Tensor, TensorDictBase)) or hasattr(data, "transpose"):
-        return data.transpose(0, dim)
-    import torch.utils._pytree as pytree
-
-    return pytree.tree_map(lambda t: t.transpose(0, dim), data)
-
-
-def _items_in(data) -> int:
-    """The number of items of a batch laid out as the storage expects (its first dim; a list's length)."""
-    shape = _batch_shape(data)
-    if shape is not None and len(shape):
-        return int(shape[0])
-    return len(data) if hasattr(data, "__len__") else 1
-
-
-def _batch_shape(data) -> torch.Size | None:
-    """The dims of ``data`` that ``extend`` may index (batch size of a TensorDict/tensorclass, shape of a
-    tensor, shortest leaf shape of a pytree); ``None`` when unknown."""
-    if isinstance(data, TensorDictBase) or is_tensorclass(data):
-        return data.batch_size
-    if isinstance(data, torch.Tensor):
-        return data.shape
-    import torch.utils._pytree as pytree
-
-    shapes = [leaf.shape for leaf in pytree.tree_leaves(data) if isinstance(leaf, torch.Tensor)]
-    return min(shapes, key=len) if shapes else None
-
-
-def _next_row(storage) -> int:
-    """The row after the last one written in ``storage`` (its fill level when it is not known), modulo its rows."""
-    capacity = storage._max_size_along_dim0()
-    last = getattr(storage, "last_written_row", None)
-    if isinstance(last, int) and last >= 0:
-        return (last + 1) % capacity
-    return len(storage) % capacity
-
-
-def _child_ctx(ctx: PartContext, role: str) -> PartContext:
-    """The part context of a buffer's child: the storage's tensors sit under the buffer's own prefix."""
-    return ctx if role == "storage" else ctx.sub(role)
-
-
-def _saved_generator(doc: dict, tensors: Mapping, where: str) -> torch.Generator | None:
-    """The generator saved in a buffer part (``None`` if none was); ``CheckpointError`` if it is malformed."""
-    rng = doc["rng"]
-    if rng is None:
-        return None
-    if not isinstance(rng, dict) or rng.get("state") not in tensors:
-        raise CheckpointError(
-            f"{where}: `rng` is {rng!r:.200}, expected null or {{'device': ..., 'state': <name of a tensor of "
-            f"the checkpoint>}}. Save the buffer again with `dumps`. Nothing was loaded."
-        )
-    try:
-        return generator_from_state({"device": rng.get("device"), "state": tensors[rng["state"]]})
-    except ValueError as err:
-        raise CheckpointError(f"{where}: `rng`: {err} Save the buffer again with `dumps`. Nothing was loaded.") from None

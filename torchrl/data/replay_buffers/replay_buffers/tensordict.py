@@ -54,6 +54,28 @@ def _info_value(value, like: TensorDictBase):
     return value
 
 
+def _rows_of(value) -> int | None:
+    """The leading size of an info value (a tensor, or the tuple of a multi-dim index); ``None`` if it has none."""
+    if isinstance(value, tuple):
+        value = value[0] if value else None
+    shape = getattr(value, "shape", None)
+    return int(shape[0]) if shape is not None and len(shape) else None
+
+
+def _aligned_info(info: Mapping, data: TensorDictBase) -> Mapping:
+    """The entries of ``info`` that can be written into the sampled batch ``data``.
+
+    All of them, unless a forward transform dropped rows (e.g. :class:`~torchrl.envs.transforms.PolicyAgeFilter`):
+    when ``data``'s first dim no longer matches the number of drawn rows (the leading size of ``info["index"]``),
+    the entries with one value per drawn row can no longer be matched to the rows kept, and are left out. The
+    ``"index"`` a :class:`~torchrl.data.TensorDictRoundRobinWriter` stores with each row travels with it anyway.
+    """
+    drawn = _rows_of(info.get("index"))
+    if drawn is None or data.batch_dims == 0 or data.batch_size[0] == drawn:
+        return info
+    return {key: value for key, value in info.items() if _rows_of(value) != drawn}
+
+
 class TensorDictReplayBuffer(ReplayBuffer):
     """A :class:`ReplayBuffer` of TensorDicts.
 
@@ -61,6 +83,11 @@ class TensorDictReplayBuffer(ReplayBuffer):
     written TensorDict gets its ``"index"``), sampled batches carry the sampler's info (``"index"``, and
     ``"priority_weight"`` or slice flags from other samplers), and writes read priorities from
     ``priority_key`` when the sampler is prioritized.
+
+    .. note:: A forward transform that drops rows of the sampled batch (e.g.
+        :class:`~torchrl.envs.transforms.PolicyAgeFilter`) leaves the info entries with one value per drawn row
+        out of that batch, since they no longer match its rows; the ``"index"`` the default writer stores with
+        each row stays, and ``sample(return_info=True)`` still returns the whole info.
 
     Keyword Args:
         priority_key (NestedKey): the entry holding priorities (e.g. TD errors). Defaults to ``"td_error"``.
@@ -279,7 +306,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
             batch_size, return_info=True, wait=wait, timeout=timeout, cancel_event=cancel_event
         )
         if include_info is not False and isinstance(data, TensorDictBase):
-            set_entries(data, info, _info_value)
+            set_entries(data, _aligned_info(info, data), _info_value)
         return (data, info) if return_info else data
 
     def sample_raw(self, batch_size: int | None = None, return_info: bool = False):
@@ -287,5 +314,5 @@ class TensorDictReplayBuffer(ReplayBuffer):
         writes it."""
         data, info = super().sample_raw(batch_size, return_info=True)
         if isinstance(data, TensorDictBase):
-            set_entries(data, info, _info_value)
+            set_entries(data, _aligned_info(info, data), _info_value)
         return (data, info) if return_info else data

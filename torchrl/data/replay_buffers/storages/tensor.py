@@ -48,6 +48,7 @@ from torchrl.data.replay_buffers.errors import CheckpointError, torchrl_error
 from torchrl.data.replay_buffers.storages._casts import check_cast
 from torchrl.data.replay_buffers.storages._codec import DataCodec
 from torchrl.data.replay_buffers.storages._index import (
+    appended_run,
     as_index_tensor,
     check_bounds,
     check_int,
@@ -315,24 +316,6 @@ class TensorStorage(Storage):
             counters["append_break"] = counters["revision"] + 1
         counters["revision"] += 1
 
-    def _appended_rows(self, rows) -> int:
-        """``n`` when ``rows`` (an int or a 1-D CPU index) are the ``n`` rows after the newest one, in order
-        (``0 < n < capacity``, wrapping around the ring), else ``0``. Called before the counters move."""
-        capacity = self._storage.batch_size[0]
-        start = (self._counters["last_row"] + 1) % capacity
-        if isinstance(rows, int):
-            return 1 if rows == start and capacity > 1 else 0
-        n = rows.numel()
-        if not 0 < n < capacity or rows.ndim != 1 or rows.device.type != "cpu":
-            return 0
-        values = rows.numpy()
-        if values[0] != start or values[-1] != (start + n - 1) % capacity:
-            return 0
-        expected = np.arange(start, start + n, dtype=values.dtype)
-        if start + n > capacity:
-            expected %= capacity
-        return n if values.tobytes() == expected.tobytes() else 0  # ~10x faster than np.array_equal
-
     def get_entry(self, key):
         """The stored values of entry ``key`` over every row of the backing, or ``None`` if there is none.
 
@@ -478,7 +461,11 @@ class TensorStorage(Storage):
             top, last = (int(index.max()), int(index[-1])) if index.numel() else (-1, -1)
             wrote = index
         counters = self._counters
-        appended = self._appended_rows(wrote) if set_cursor and wrote is not None else 0
+        appended = (
+            appended_run(wrote, self._counters["last_row"], self._storage.batch_size[0])
+            if set_cursor and wrote is not None
+            else 0
+        )
         if set_cursor:  # set_cursor=False skips the length and newest-row bookkeeping
             if top + 1 > counters["rows"]:
                 counters["rows"] = top + 1
