@@ -29,7 +29,8 @@ import torch
 
 import torchrl.data.replay_buffers._checkpoint.parts as _persistence
 from torchrl.data.replay_buffers._checkpoint.args import check_path
-from torchrl.data.replay_buffers.checkpointers import read_checkpoint, write_checkpoint
+from torchrl.data.replay_buffers._checkpoint.format import dump_parts, load_context
+from torchrl.data.replay_buffers.checkpointers import read_checkpoint
 from torchrl.data.replay_buffers.errors import CheckpointError
 from torchrl.data.replay_buffers.loading.resume_state import check_loader_state
 
@@ -205,12 +206,17 @@ def save_training_state(
         "extra": None if extra is None else _encode(dict(extra), tensors, "training/extra/", "extra"),
         "numpy_rng": _numpy_state_doc(tensors),
     }
-    with lock:  # writers of a shared storage (other processes too) wait until the buffer's files are written
+
+    def build(ctx):  # may run twice (a full dump after an incremental one found a file gone): copies each time
+        built_tensors, built = dict(tensors), dict(metadata)
         if rb is not None:
-            buffer_tensors, metadata["component"] = _persistence.dump_part(rb, _persistence.PartContext(path))
-            metadata["training_state"]["buffer_length"] = _length(rb)
-            tensors.update(buffer_tensors)
-        write_checkpoint(path, tensors, metadata, fsync=fsync)
+            buffer_tensors, built["component"] = _persistence.dump_part(rb, ctx)
+            built["training_state"] = {**metadata["training_state"], "buffer_length": _length(rb)}
+            built_tensors.update(buffer_tensors)
+        return built_tensors, built
+
+    with lock:  # writers of a shared storage (other processes too) wait until the buffer's files are written
+        dump_parts(path, build, fsync=fsync)  # onto an earlier state of this buffer: only the rows written since
 
 
 def _training_doc(path: str, metadata: dict) -> dict:
@@ -335,7 +341,7 @@ def load_training_state(path, *, rb=None, loader=None, restore_rng: bool = True)
         raise TypeError(f"`restore_rng` must be a bool; got {restore_rng!r}.")
     tensors, metadata = read_checkpoint(path)
     doc = _training_doc(path, metadata)
-    ctx = _persistence.PartContext(path)
+    ctx = load_context(path, metadata)
     try:
         if rb is not None:
             if not isinstance(metadata.get("component"), dict):
