@@ -118,13 +118,13 @@ def sampling_table(sizes: list[int], rounds: int, number: int) -> list[tuple]:
         for extend in (False, True):
             times: dict[str, list[float]] = {name: [] for name in buffers}
             ratios: dict[str, list[float]] = {name: [] for name in buffers}
-            for name, (rb, counter, update) in buffers.items():  # warm-up: caches, first-draw checks
+            for rb, counter, update in buffers.values():  # warm-up: caches, first-draw checks
                 _draw(rb, counter, update, extend)
             for _ in range(rounds):
                 uniform = buffers["uniform"]
                 for name, (rb, counter, update) in buffers.items():
-                    base = _time(lambda: _draw(uniform[0], uniform[1], False, extend), number)
-                    t = _time(lambda rb=rb, c=counter, u=update: _draw(rb, c, u, extend), number)
+                    base = _time(lambda u=uniform, e=extend: _draw(u[0], u[1], False, e), number)
+                    t = _time(lambda rb=rb, c=counter, u=update, e=extend: _draw(rb, c, u, e), number)
                     times[name].append(t)
                     ratios[name].append(t / base)
             mode = f"extend({WRITE}) + sample" if extend else "sample"

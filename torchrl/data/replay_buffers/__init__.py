@@ -26,7 +26,6 @@ from torchrl.data.replay_buffers import (
     utils,
     writers,
 )
-from torchrl.data.replay_buffers.samplers import frame_stack
 from torchrl.data.replay_buffers.checkpointers import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.errors import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.her import *  # noqa: F401,F403
@@ -38,12 +37,13 @@ from torchrl.data.replay_buffers.ray_buffer import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.replay_buffers import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.sample_units import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.samplers import *  # noqa: F401,F403
+from torchrl.data.replay_buffers.samplers import frame_stack
+from torchrl.data.replay_buffers.samplers.frame_stack import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.scheduler import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.storages import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.training_state import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.utils import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.writers import *  # noqa: F401,F403
-from torchrl.data.replay_buffers.samplers.frame_stack import *  # noqa: F401,F403
 
 _PUBLIC_MODULES = (
     storages, samplers, writers, replay_buffers, checkpointers, sample_units, scheduler, utils, training_state,
