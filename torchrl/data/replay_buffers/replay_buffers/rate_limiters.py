@@ -171,18 +171,6 @@ class MinSize(RateLimiter):
     def __init__(self, min_size_to_sample: int):
         super().__init__(1.0, min_size_to_sample, -_MAX_FLOAT, _MAX_FLOAT)
 
-    def sample_permitted(self, *, inserts: int, samples: int, size: int, n: int) -> bool:
-        return size >= self._min_size
-
-    def insert_permitted(self, *, inserts: int, samples: int, size: int, n: int) -> bool:
-        return True
-
-    def check_sample_request(self, n: int) -> None:
-        return None
-
-    def check_insert_request(self, n: int) -> None:
-        return None
-
     def __repr__(self) -> str:
         return f"MinSize(min_size_to_sample={self._min_size})"
 
@@ -297,15 +285,6 @@ class SampleBudget(RateLimiter):
 
     def sample_permitted(self, *, inserts: int, samples: int, size: int, n: int) -> bool:
         return self.budget(inserts=inserts, samples=samples) >= n
-
-    def insert_permitted(self, *, inserts: int, samples: int, size: int, n: int) -> bool:
-        return True
-
-    def check_sample_request(self, n: int) -> None:
-        return None
-
-    def check_insert_request(self, n: int) -> None:
-        return None
 
     def __repr__(self) -> str:
         return f"SampleBudget(samples_per_insert={self._spi:g})"
