@@ -22,7 +22,6 @@ from torchrl.data import (
     CompressedListStorageCheckpointer,
     ListStorage,
     ListStorageCheckpointer,
-    RandomSampler,
     ReplayBuffer,
     SamplerWithoutReplacement,
     SliceSampler,
@@ -258,7 +257,8 @@ def test_replay_buffer_stacks_uniform_items_densely_and_ragged_ones_lazily():
     batch, info = rb.sample(return_info=True)
     assert type(batch) is TensorDict and batch["obs"].shape == (4, 5)
     assert torch.equal(batch["obs"][:, 0], info["index"].float())
-    ragged = ReplayBuffer(storage=CompressedListStorage(20), sampler=RandomSampler(), batch_size=3)
+    # without replacement: 3 distinct items of 4 lengths are always ragged (3 equal draws would stack densely)
+    ragged = ReplayBuffer(storage=CompressedListStorage(20), sampler=SamplerWithoutReplacement(), batch_size=3)
     ragged.extend([TensorDict(tokens=torch.arange(n)) for n in (1, 2, 3, 4)])
     batch, info = ragged.sample(return_info=True)
     assert isinstance(batch, LazyStackedTensorDict)
