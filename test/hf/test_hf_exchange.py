@@ -582,3 +582,18 @@ def test_import_cuts_chunks_at_shard_boundaries_and_stays_exact(tmp_path):
     for storage in (LazyTensorStorage(50), LazyMemmapStorage(50)):
         copy = ReplayBuffer.from_hf(path, storage=storage, chunk_bytes=13 * 20)
         assert torch.equal(copy[:]["obs"], data["obs"]) and torch.equal(copy[:]["done"], data["done"])
+
+
+def test_lerobot_layout_does_not_warn_about_the_trajectory_key_it_writes_as_episode_index(tmp_path):
+    n = 6
+    data = TensorDict(
+        {"observation": torch.randn(n, 3), "episode": torch.tensor([0, 0, 0, 1, 1, 1]),
+         "frame": torch.tensor([0, 1, 2, 0, 1, 2]), "next": {"reward": torch.zeros(n, 1)}},
+        batch_size=[n],
+    )  # fmt: skip
+    rb = ReplayBuffer(storage=LazyTensorStorage(n))
+    rb.extend(data)
+    with pytest.warns(UserWarning, match="drops the keys \\[\\('frame',\\)\\]") as record:
+        ds = rb.export_hf(tmp_path / "export", layout="lerobot", fps=10)[:]
+    assert not any("'episode'" in str(w.message).split("(next")[0] for w in record)
+    assert ds["episode_index"] == [0, 0, 0, 1, 1, 1]

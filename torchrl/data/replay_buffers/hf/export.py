@@ -371,9 +371,11 @@ def export_hf(
     row_bytes = max(1, sum(_row_bytes(s, first) for s in specs))
     chunk_rows = max(1, min(n, chunk_bytes // row_bytes))
     shard_rows = max(1, shard_bytes // row_bytes)
-    if dropped:
+    # The trajectory key itself loses nothing: its episodes are written as LeRobot's episode_index column.
+    lost = [tuple(k) for k in dropped if traj_end[0] is None or list(k) != list(traj_end[0])]
+    if lost:
         warnings.warn(
-            f"layout='lerobot' drops the keys {[tuple(k) for k in dropped]} (next observations: the observation of "
+            f"layout='lerobot' drops the keys {lost} (next observations: the observation of "
             f"the following frame of the same episode; and entries named like the columns LeRobot derives, "
             f"{', '.join(_layouts.LEROBOT_DERIVED)}, which the export writes anew); they are listed in "
             f"{METADATA_FILE}. Use layout='trajectories' to keep every key.",
