@@ -13,17 +13,14 @@ same row as slot ``j + 1``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from tensordict import NestedKey, TensorDictBase
 
 from torchrl._validation import check_positive_int, is_real
 from torchrl.data.replay_buffers.sample_units import SampleUnit
-from torchrl.data.replay_buffers.samplers._trajectories import (
-    has_key,
-    normalize_key,
-    read_column,
-    ring_layout,
-)
+from torchrl.data.replay_buffers.samplers._trajectories import normalize_key, read_column, ring_layout
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
 
 __all__ = ["FrameStack"]
@@ -35,6 +32,22 @@ _DONE_KEY = ("next", "done")
 
 def _next_key(key) -> tuple:
     return ("next", key) if isinstance(key, str) else ("next", *key)
+
+
+@functools.lru_cache(maxsize=32)
+def _aranges(k: int, device: torch.device) -> tuple:
+    """``(window, slots, weights)`` on ``device``: ``arange(1 - k, 1)``, ``arange(k)`` and ``[1, ..., k - 1, 0]``
+    (constants, made once; never written in place)."""
+    weights = torch.arange(1, k + 1, device=device)
+    weights[-1] = 0
+    return torch.arange(1 - k, 1, device=device), torch.arange(k, device=device), weights
+
+
+def _as_index(index) -> torch.Tensor:
+    """``index`` as a 1-D int64 tensor (itself when it is one)."""
+    if isinstance(index, torch.Tensor) and index.dtype == torch.int64 and index.ndim == 1:
+        return index
+    return torch.as_tensor(index).reshape(-1).long()
 
 
 class FrameStack(SampleUnit):
@@ -138,7 +151,8 @@ class FrameStack(SampleUnit):
 
     # -- the episode signal -------------------------------------------------------------------------------------
     def _signal(self, storage) -> tuple:
-        """``(key, is_done)``: the stored entry that says where episodes start."""
+        """``(key, is_done, column)``: the stored entry that says where episodes start, and its values over every
+        row of the backing (a view, looked up at each call: nothing about the storage is cached)."""
         if self.traj_key is not None:
             candidates = [(self.traj_key, False)]
         elif self.end_key is not None:
@@ -146,8 +160,11 @@ class FrameStack(SampleUnit):
         else:
             candidates = [(k, False) for k in _PROBED_TRAJ_KEYS] + [(_DONE_KEY, True)]
         for key, is_done in candidates:
-            if has_key(storage, key):
-                return key, is_done
+            column = storage.get_entry(key)
+            if column is not None:
+                if not isinstance(column, torch.Tensor):  # a group of entries: read_column names the fix
+                    column = read_column(storage, key, storage.rows_written())
+                return key, is_done, column
         tried = [key for key, _ in candidates]
         raise KeyError(
             f"FrameStack needs an episode signal to keep stacks inside episodes, but the storage holds none of "
@@ -180,55 +197,72 @@ class FrameStack(SampleUnit):
         """
         self._check_storage(storage)
         n, n_cols, offset, _ = ring_layout(storage)
-        parts = [torch.as_tensor(i).reshape(-1).long() for i in (index if isinstance(index, tuple) else (index,))]
+        parts = [_as_index(i) for i in (index if isinstance(index, tuple) else (index,))]
         if len(parts) != storage.ndim:
             raise ValueError(
                 f"FrameStack got an index with {len(parts)} dim(s) for a storage with ndim={storage.ndim}: pass "
                 f"one index tensor per storage dim."
             )
         row = parts[0]
-        bad = (row < 0) | (row >= n)
-        if bool(bad.any()):
-            raise IndexError(
-                f"FrameStack got the step {int(row[bad][0])}, outside the {n} written rows: draw steps from the "
-                f"written data (0..{n - 1})."
-            )
-        col = parts[1].remainder(n_cols) if len(parts) > 1 else None
         k = self.num_frames
-        unrolled = (row - offset).remainder(n) if offset else row
-        steps = unrolled.unsqueeze(-1) + torch.arange(1 - k, 1, device=row.device)  # [B, k], oldest first
-        inside = self._same_episode(storage, steps, col, n, offset)
-        first = unrolled - inside.sum(1) + 1  # the first slot of each stack that is in its episode
-        steps = torch.maximum(steps, first.unsqueeze(-1))
-        rows = (steps + offset).remainder(n) if offset else steps
+        low = 0
+        if row.numel():
+            low, high = torch.aminmax(row)
+            low, high = int(low), int(high)
+            if low < 0 or high >= n:
+                bad = (row < 0) | (row >= n)
+                raise IndexError(
+                    f"FrameStack got the step {int(row[bad][0])}, outside the {n} written rows: draw steps from "
+                    f"the written data (0..{n - 1})."
+                )
+        col = parts[1].remainder(n_cols) if len(parts) > 1 else None
+        window, slots, weights = _aranges(k, row.device)
+        # the window t-k+1 .. t (oldest first) in unrolled positions; slots before the oldest stored step (the
+        # write seam: position 0) read that step
+        if offset:
+            steps = ((row - offset).remainder_(n).unsqueeze(-1) + window).clamp_min_(0)
+            rows = (steps + offset).remainder_(n)
+        else:
+            rows = row.unsqueeze(-1) + window
+            if low < k - 1:
+                rows.clamp_min_(0)
+        first = self._episode_start(storage, rows, col, weights)
+        if first is not None:  # slot j < first reads the row of slot ``first``
+            rows = rows.gather(1, torch.maximum(slots, first))
         if col is None:
             expanded = (rows,) if isinstance(index, tuple) else rows
         else:
             expanded = (rows, col.unsqueeze(-1).expand_as(rows))
         return expanded, dict(info)
 
-    def _same_episode(self, storage, steps: torch.Tensor, col, n: int, offset: int) -> torch.Tensor:
-        """Bool ``[B, k]``: whether each slot is in the episode of the last one (a suffix of each row)."""
-        key, is_done = self._signal(storage)
-        seen = steps >= 0  # slots before the oldest stored step are outside the history
-        rows = steps.clamp_min(0)
-        rows = (rows + offset).remainder(n) if offset else rows
-        column = read_column(storage, key, n)
-        values = column[rows] if col is None else column[rows, col.unsqueeze(-1)]
-        values = values.reshape(*rows.shape, -1)
-        if is_done:  # a done slot ends its episode: the slots up to it are outside the next one
-            done = values.bool().any(-1)[:, :-1]
-            after_done = done.flip(1).cummax(1).values.flip(1)
-            inside = torch.cat([~after_done, torch.ones_like(done[:, :1])], 1)
+    def _episode_start(self, storage, rows: torch.Tensor, col, weights: torch.Tensor):
+        """Int ``[B, 1]``: the first slot of each window in the episode of its last slot (``None`` for ``k = 1``).
+
+        ``rows`` (``[B, k]``) are the window's rows, those before the oldest stored step clamped to it. Slot
+        ``j < k - 1`` ends the episode of the slots up to it when its id differs from the last slot's (a done
+        flag: when it is set), so the episode starts after the last such slot: ``(ends * weights).amax(1)``
+        with ``weights = [1, ..., k - 1, 0]`` (0: the last slot's own flag does not count).
+        """
+        key, is_done, column = self._signal(storage)
+        per_step = column.shape[storage.ndim :].numel()
+        if per_step != 1 and not is_done:
+            raise ValueError(
+                f"The trajectory ids {key!r} hold {per_step} values per step; FrameStack needs one id per step "
+                f"(shape [N] or [N, 1])."
+            )
+        if self.num_frames == 1:
+            return None
+        if per_step == 1 and column.is_contiguous() and column.device == rows.device:  # one value per cell
+            values = column.take(rows if col is None else rows * column.shape[1] + col.unsqueeze(-1))
         else:
-            if values.shape[-1] != 1:
-                raise ValueError(
-                    f"The trajectory ids {key!r} hold {values.shape[-1]} values per step; FrameStack needs one "
-                    f"id per step (shape [N] or [N, 1])."
-                )
-            same = (values[..., 0] == values[:, -1:, 0]).to(torch.uint8)
-            inside = same.flip(1).cummin(1).values.flip(1).bool()
-        return inside & seen
+            values = column[rows] if col is None else column[rows, col.unsqueeze(-1)]
+            values = values.to(rows.device).reshape(*rows.shape, -1)
+            values = values.bool().any(-1) if is_done else values[..., 0]
+        if is_done:  # a done slot ends its episode: the slots up to it are outside the next one
+            ends = values if values.dtype == torch.bool else values.bool()
+        else:
+            ends = values != values[:, -1:]
+        return (ends * weights).amax(1, keepdim=True)
 
     def read(self, storage, index):
         """Reads the rows of :meth:`expand` in one gather: a ``[B]`` batch with ``[B, k, *frame]`` stacks."""
@@ -243,8 +277,10 @@ class FrameStack(SampleUnit):
                 f"items: store TensorDicts holding {self.frame_keys}."
             )
         out = full[k - 1 :: k]  # the drawn step of each stack (its last slot)
-        padded = torch.cat([rows[:, :-1] == rows[:, 1:], torch.zeros_like(rows[:, :1], dtype=torch.bool)], 1)
-        for key in self.frame_keys:  # clamped slots repeat the row after them: ``padded``
+        padded = None  # clamped slots repeat the row after them
+        if self.padding == "constant" or self.mask_key is not None:
+            padded = torch.nn.functional.pad(rows[:, :-1] == rows[:, 1:], (0, 1))
+        for key in self.frame_keys:
             frames = full.get(key, None)
             if frames is None:
                 raise KeyError(
