@@ -16,7 +16,8 @@ Rows, for each N, each timed in two modes:
   wrap-around cuts the oldest trajectory) between two draws, the online pattern of RL training.
 
 Samplers: uniform (``RandomSampler``), prioritized (``PrioritizedSampler`` + ``update_priority`` of the drawn
-batch), ``SliceSampler(slice_len=32, traj_key="episode")`` with and without ``cache_values``, and
+batch), ``PrioritizedSliceSampler(slice_len=32, traj_key="episode")`` + ``update_priority`` of the drawn steps
+(``prio. slice + update``), ``SliceSampler(slice_len=32, traj_key="episode")`` with and without ``cache_values``, and
 ``Sequence(32, done_key=("next", "done"))``. The ``ratio`` column is the median of per-round ratios to uniform
 in the same mode, the two measured round by round (interleaved), so machine load hits both alike.
 
@@ -43,6 +44,7 @@ from torchrl.data import (
     LazyMemmapStorage,
     LazyTensorStorage,
     PrioritizedSampler,
+    PrioritizedSliceSampler,
     RandomSampler,
     ReplayBuffer,
     SliceSampler,
@@ -79,6 +81,14 @@ def _samplers(n: int) -> dict[str, tuple[ReplayBuffer, list[int], bool]]:
     out["uniform"] = (*_buffer(n, RandomSampler()), False)
     out["prioritized + update"] = (
         *_buffer(n, PrioritizedSampler(n, alpha=0.7, beta=0.5), buffer_cls=TensorDictReplayBuffer),
+        True,
+    )
+    out["prio. slice + update"] = (  # PrioritizedSliceSampler + update_priority of the drawn steps
+        *_buffer(
+            n,
+            PrioritizedSliceSampler(n, alpha=0.7, beta=0.5, slice_len=32, traj_key="episode"),
+            buffer_cls=TensorDictReplayBuffer,
+        ),
         True,
     )
     out["slice (no cache)"] = (*_buffer(n, SliceSampler(slice_len=32, traj_key="episode")), False)

@@ -33,12 +33,19 @@ CASES = [
     for directory in SETS
     for name in sorted(json.loads((DATA / directory / "expected.json").read_text()))
 ]
+#: Draws that changed on purpose since the set was written (content and counters still compared as written):
+#: PrioritizedSliceSampler draws its starts from the trajectory index since issue 30 (rejection from the whole
+#: priority tree instead of a cumulative sum over the eligible starts): the same distribution, another stream.
+CHANGED_DRAWS = {
+    ("checkpoints_release", "prioritized_slice"): {"sampled": [10, 11, 10, 11], "priority_weight": [0.432029] * 4},
+}
 
 
 @pytest.mark.parametrize(("directory", "name"), CASES)
 def test_checkpoints_written_by_earlier_code_load_with_the_same_content_and_draws(directory, name, tmp_path):
     maker = SETS[directory]
     expected = json.loads((DATA / directory / "expected.json").read_text())[name]
+    expected.update(CHANGED_DRAWS.get((directory, name), {}))
     copy = tmp_path / name  # loading never writes, but a memmap buffer may adopt files: work on a copy
     shutil.copytree(DATA / directory / name, copy)
     rb = maker.buffers()[name]

@@ -1,4 +1,18 @@
-"""Trajectory slices whose starts are drawn by priority: :class:`PrioritizedSliceSampler`."""
+"""Trajectory slices whose starts are drawn by priority: :class:`PrioritizedSliceSampler`.
+
+NOTE [prioritized slice starts]: a slice starts at a step that is followed by enough steps of its trajectory
+(``need - 1``, ``need = slice_len`` less the right span; with ``strict_length=False`` a trajectory's first
+step too), drawn with probability ``q / Q``, ``q = (p + eps) ** alpha`` its priority and ``Q`` the sum over
+the steps that can start a slice. Instead of a cumulative sum over those steps (``O(N)`` at each draw), starts
+are drawn from the whole priority tree (``O(log N)`` each) and a draw that lands on a step that cannot start a
+slice is drawn again: the draws kept have exactly that distribution. Whether a step can start a slice comes
+from the trajectory index (the live one of :class:`SliceSampler`, NOTE [live trajectory index]: a binary
+search among the trajectory ends; otherwise a table of the start cells, cached with the boundaries). The first
+round draws ``1.5 * num_slices + 8`` starts, the next ones as many as the acceptance seen so far needs; after
+``_ROUNDS`` rounds (most of the priority mass on steps that cannot start a slice) the slices still missing are
+drawn from the cumulative sum. The draws are a function of the generator state and of the content, the same
+with the live index as without it.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +25,10 @@ from tensordict import NestedKey
 from torchrl.data.replay_buffers.samplers._slice_args import SliceArgs
 from torchrl.data.replay_buffers.samplers.prioritized import PrioritizedSampler
 from torchrl.data.replay_buffers.samplers.slice import _BELOW_ONE, SliceSampler, _Boundaries, _Eligible
+
+_ROUNDS = 4  # rounds of draws from the whole tree before the slices still missing are drawn exactly
+_MIN_RATE = 1.0 / 64  # the acceptance a round is sized for, at worst
+_PROBES = (np.arange(64) + 0.5) / 64  # can_sample's draws from the tree (no generator consumed)
 
 
 class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
@@ -29,7 +47,12 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
 
     Stateful (priorities): ``requires_shared_state = True``. Its state is that of
     :class:`PrioritizedSampler` and is shared the same way (``can_share_state = True``, :meth:`share_memory_`),
-    with the same consistency; the trajectory boundaries are derived from the storage content in each process.
+    with the same consistency; the trajectory boundaries are derived from the storage content in each process
+    (on a 1-D CPU tensor storage, the index of :class:`SliceSampler`, kept up to date on each write). A draw
+    costs ``O(num_slices * log N)`` whatever was written before it: starts are drawn from the priority tree
+    and redrawn when they cannot start a slice (NOTE [prioritized slice starts] in ``prioritized_slice.py``),
+    so the slices drawn for a generator state differ from those of versions that summed every start's
+    priority, with the same distribution.
     Like :class:`PrioritizedSampler` and :class:`SliceSampler`, :meth:`sample` raises ``TypeError`` for a storage
     declaring ``stable_items = False`` (a :class:`~torchrl.data.DatasetStorage`).
 
@@ -117,25 +140,134 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
             )
             self.span = (False, self.span[1])
 
-    # -- sampling --------------------------------------------------------------------------------------------
-    def _start_cells(self, bounds: _Boundaries, elig: _Eligible, slice_len: int):
-        """Every step that can start a slice: ``(trajectory in elig, offset, storage cell)`` (cached)."""
-        key = ("prioritized_starts", slice_len)
-        cached = bounds.extra.get(key)
-        if cached is None:
-            count = elig.count  # offsets 0 .. count - 1 (no left span)
-            owner = torch.repeat_interleave(torch.arange(count.numel(), device=count.device), count)
-            first = torch.cumsum(count, 0) - count
-            offsets = torch.arange(owner.numel(), device=count.device) - first.index_select(0, owner)
-            flat = elig.starts.index_select(0, owner) + offsets
-            _, cells = bounds.index.storage_index(flat)
-            cached = bounds.extra[key] = (owner, offsets, cells.cpu().numpy())
-        return cached
+    # -- sampling: NOTE [prioritized slice starts] (module docstring) --------------------------------------
+    def _need(self, slice_len: int) -> int:
+        """The steps from a start to its trajectory's end (the start included) that a slice needs:
+        ``slice_len`` less the right span."""
+        return slice_len - self._span_steps(slice_len)[1]
 
-    def _uses_live_index(self) -> bool:
-        # the draw is a cumulative sum over every step that can start a slice (O(N) whatever the index), so
-        # the boundaries come from the cached full read (as before the live index)
-        return False
+    def _start_table(self, bounds: _Boundaries, slice_len: int) -> tuple[np.ndarray, ...]:
+        """Every step that can start a slice, trajectories oldest first then by offset (``O(N)``; cached with
+        from-scratch boundaries): ``(cells, traj, offsets, traj_starts, traj_lengths)``, numpy, one entry per
+        start except the last two (one per trajectory of the index; starts in flat positions)."""
+        key = ("prioritized_starts", slice_len)
+        table = bounds.extra.get(key)
+        if table is None:  # numpy: torch's threaded ops stall on a busy machine, numpy's do not
+            index = bounds.index
+            starts, lengths = index.starts.cpu().numpy(), index.lengths.cpu().numpy()
+            counts = np.maximum(lengths - (self._need(slice_len) - 1), 0 if self.strict_length else 1)
+            traj = np.repeat(np.arange(counts.size), counts)
+            first = np.cumsum(counts) - counts
+            offsets = np.arange(traj.size) - first[traj]
+            flat = torch.from_numpy(starts[traj] + offsets).to(index.starts.device)
+            cells = index.storage_index(flat)[1].cpu().numpy()
+            table = (cells, traj, offsets, starts, lengths)
+            if bounds.live is None:  # with the live index only the exact fallback needs it: not kept (memory)
+                bounds.extra[key] = table
+        return table
+
+    def _classify(self, bounds: _Boundaries, slice_len: int, cells: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``(ok, traj_start, traj_length, offset)`` of drawn tree positions ``cells``: whether each can start
+        a slice, and where (values meaningless where not ``ok``); ``O(log T)`` each with the live index."""
+        live = bounds.live
+        if live is not None:  # the step's trajectory from a binary search among the trajectory ends
+            n_rows = live.n_rows
+            unrolled = (cells - live.offset) % n_rows
+            start, last = live.locate(unrolled)
+            ok = last - unrolled >= self._need(slice_len) - 1  # followed by enough steps of its trajectory
+            if not self.strict_length:
+                ok |= unrolled == start  # a trajectory's first step starts a (shorter) slice
+            ok &= cells < n_rows
+            return ok, start, last - start + 1, unrolled - start
+        position = bounds.extra.get(("prioritized_positions", slice_len))
+        table = self._start_table(bounds, slice_len)
+        if position is None:  # tree position -> its row of the start table, -1 where no slice starts
+            n_cells = bounds.index.n_rows * bounds.index.n_cols
+            position = np.full(n_cells, -1, dtype=np.int64)
+            position[table[0]] = np.arange(table[0].size)
+            bounds.extra[("prioritized_positions", slice_len)] = position
+        inside = cells < position.size
+        row = position[np.where(inside, cells, 0)]
+        ok = inside & (row >= 0)
+        if not table[0].size:  # no step can start a slice
+            return ok, row, row, row
+        row[~ok] = 0
+        _, traj, offsets, traj_starts, traj_lengths = table
+        owner = traj[row]
+        return ok, traj_starts[owner], traj_lengths[owner], offsets[row]
+
+    def _draw_exactly(self, bounds: _Boundaries, slice_len: int, count: int) -> tuple[np.ndarray, ...]:
+        """``count`` starts from the cumulative sum of the priorities of every step that can start a slice
+        (``O(N)``: the rounds of :meth:`_draw_starts` left slices to draw). The caller holds the lock."""
+        cells, traj, offsets, traj_starts, traj_lengths = self._start_table(bounds, slice_len)
+        q = self._sum_tree.values[cells]
+        cumulative = np.cumsum(q)
+        total = float(cumulative[-1]) if cumulative.size else 0.0
+        if not total > 0:
+            raise RuntimeError(
+                f"Every one of the {cells.size} steps that can start a slice of {slice_len} steps has "
+                f"priority zero (or none was set): tell the sampler about written steps "
+                f"(sampler.extend(index), done by the replay buffer) or set positive priorities with "
+                f"update_priority()."
+            )
+        u = self._uniform(count, torch.device("cpu")).numpy()
+        pick = np.searchsorted(cumulative, u * (total * _BELOW_ONE), side="right")
+        np.minimum(pick, cells.size - 1, out=pick)
+        owner = traj[pick]
+        return traj_starts[owner], traj_lengths[owner], offsets[pick], q[pick]
+
+    def _tree_end(self, bounds: _Boundaries) -> int | None:
+        """The ``end`` of the tree draws: ``None`` (the whole tree) unless priorities were set past the cells
+        the boundaries describe (as :meth:`PrioritizedSampler.sample` does)."""
+        n_cells = bounds.index.n_rows * bounds.index.n_cols
+        return None if self._written_end <= n_cells else n_cells
+
+    def _draw_starts(self, bounds: _Boundaries, slice_len: int, num_slices: int) -> tuple[np.ndarray, ...]:
+        """``(traj_start, traj_length, offset, q)`` of ``num_slices`` starts drawn by priority among the steps
+        that can start a slice (NOTE [prioritized slice starts]). The caller holds the lock."""
+        end = self._tree_end(bounds)
+        parts, remaining, drawn, kept = [], num_slices, 0, 0
+        for _ in range(_ROUNDS):
+            if drawn:  # sized by the acceptance seen so far
+                rate = max(kept / drawn, _MIN_RATE)
+                size = min(int(remaining * 1.5 / rate) + 8, 64 * remaining + 64)
+            else:
+                size = remaining + remaining // 2 + 8
+            found = self._sum_tree.draw(self._uniform(size, torch.device("cpu")).numpy(), end=end)
+            if found is None:  # every priority is zero: the exact draw says so
+                break
+            ok, start, length, offset = self._classify(bounds, slice_len, found[0])
+            take = np.flatnonzero(ok)
+            drawn, kept = drawn + size, kept + take.size
+            take = take[:remaining]
+            parts.append((start[take], length[take], offset[take], found[1][take]))
+            remaining -= take.size
+            if not remaining:
+                break
+        if remaining:
+            parts.append(self._draw_exactly(bounds, slice_len, remaining))
+        if len(parts) == 1:
+            return parts[0]
+        return tuple(np.concatenate(column) for column in zip(*parts))
+
+    def _picked(
+        self, bounds: _Boundaries, start: np.ndarray, length: np.ndarray, slice_len: int
+    ) -> _Eligible:
+        """The table of the drawn slices' trajectories, one per slice (slice ``i`` is its entry ``i``)."""
+        count = np.maximum(length - (self._need(slice_len) - 1), 0 if self.strict_length else 1)
+        starts, lengths, count = (torch.from_numpy(a) for a in (start, length, count))
+        if bounds.live is None and bounds.index.starts.device.type != "cpu":
+            device = bounds.index.starts.device
+            starts, lengths, count = starts.to(device), lengths.to(device), count.to(device)
+        return _Eligible(
+            traj=None,
+            starts=starts,
+            lengths=lengths,
+            low=0,
+            count=count,
+            count_float=count.double() * _BELOW_ONE,
+            n_float=starts.numel() * _BELOW_ONE,
+        )
 
     def can_sample(self, storage, batch_size: int) -> bool:
         """Whether :meth:`sample` can draw a batch now: the storage holds steps that can start a slice (see
@@ -161,8 +293,13 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         bounds = self._boundaries(storage)
         if not self._can_draw(bounds, num_slices, slice_len):
             return False
-        _, _, cells = self._start_cells(bounds, self._eligible(bounds, slice_len), slice_len)
         with self._guard.read(self._repair_state):
+            found = self._sum_tree.draw(_PROBES.copy(), end=self._tree_end(bounds))  # no generator consumed
+            if found is None:
+                return False
+            if self._classify(bounds, slice_len, found[0])[0].any():  # a start with a positive priority
+                return True
+            cells = self._start_table(bounds, slice_len)[0]  # none among the probes: every start (O(N))
             return bool(self._sum_tree.values[cells].sum() > 0)
 
     def sample(self, storage, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:
@@ -177,32 +314,20 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
             )
         bounds = self._boundaries(storage)  # refuses storages it cannot read before anything is remembered
         self._remember_shape(storage)
-        elig = self._eligible(bounds, slice_len)
-        owner, offsets, cells = self._start_cells(bounds, elig, slice_len)
+        self._eligible(bounds, slice_len)  # raises when no trajectory is long enough (strict_length=True)
         with self._guard.read(self._repair_state):  # one view of the tree: see NOTE [prioritized consistency]
-            q = self._sum_tree.values[cells]
+            start, length, offset, q = self._draw_starts(bounds, slice_len, num_slices)
             q_min, beta = self._stored_min(n), self._beta
-        cumulative = np.cumsum(q)
-        total = float(cumulative[-1])
-        if not total > 0:
-            raise RuntimeError(
-                f"Every one of the {cells.size} steps that can start a slice of {slice_len} steps has "
-                f"priority zero (or none was set): tell the sampler about written steps "
-                f"(sampler.extend(index), done by the replay buffer) or set positive priorities with "
-                f"update_priority()."
-            )
-        u = self._uniform(num_slices, torch.device("cpu")).numpy()
-        pick = np.searchsorted(cumulative, u * (total * _BELOW_ONE), side="right")
-        np.minimum(pick, cells.size - 1, out=pick)
-        weight = torch.from_numpy(np.power(q[pick] / q_min, -beta)).to(self._dtype)
-        pick = torch.from_numpy(pick).to(owner.device)
+        picked = self._picked(bounds, start, length, slice_len)
+        device = picked.device
+        weight = torch.from_numpy(np.power(q / q_min, -beta)).to(self._dtype)
         return self._build_slices(
             bounds,
-            elig,
-            owner.index_select(0, pick),
-            offsets.index_select(0, pick),
+            picked,
+            torch.arange(num_slices, device=device),
+            torch.from_numpy(offset).to(device),
             slice_len,
-            per_slice={"priority_weight": weight.to(owner.device)},
+            per_slice={"priority_weight": weight.to(device)},
         )
 
     def _drops_outside_steps(self) -> bool:
