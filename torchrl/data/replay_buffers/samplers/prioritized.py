@@ -54,8 +54,13 @@ from torchrl.data.replay_buffers.samplers.segment_tree import (
     SumSegmentTree,
     _as_index_array,
     _as_value_array,
+    _float64,
+    _int64,
     _last_wins,
+    compiled_ranges,
+    draw_with_min,
     update_sum_and_min,
+    write_priorities,
 )
 
 __all__ = ["PrioritizedSampler", "REDUCTIONS", "check_priorities", "reduce_priority"]
@@ -386,34 +391,57 @@ class PrioritizedSampler(Sampler):
         n = check_not_empty(storage)
         # A storage larger than the trees (as TorchRL accepts it): only the items with a position in the trees
         # have a priority, and only they are drawn.
-        n = min(n, self._capacity)
-        self._remember_shape(storage)
+        if n > self._capacity:
+            n = self._capacity
+        ndim = storage.ndim
+        if ndim > 1:
+            self._remember_shape(storage)
         u = self._uniform_draws(batch_size)
-        with self._guard.read(self._repair_state):  # one view of the tree: see NOTE [prioritized consistency]
-            # No priority past the stored items: the whole tree is searched (its fast path). Otherwise priorities
-            # were set past len(storage) (a standalone sampler: update_priority without storage).
-            drawn = self._sum_tree.draw(u, end=None if self._written_end <= n else n)
-            if drawn is None and self._written_end > n:
-                # items written (and given priorities) since len(storage) was read, as another process may
-                # have done before this one took the lock: they are stored, so they may be drawn
-                n = min(len(storage), self._capacity)
-                drawn = self._sum_tree.draw(u, end=None if self._written_end <= n else n)
-            if drawn is not None:
-                q_min, beta = self._stored_min(n), self._beta
+        guard = self._guard
+        if guard.is_shared:
+            with guard.read(self._repair_state):  # one view of the tree: see NOTE [prioritized consistency]
+                drawn = self._draw_locked(storage, u, n)
+        else:  # a private state: no other process to exclude (the guard's lock is a no-op)
+            drawn = self._draw_locked(storage, u, n)
         if drawn is None:
             raise RuntimeError(
                 f"Every one of the {n} stored items has priority zero (or none was set): tell the sampler "
                 f"about written items (sampler.extend(index)) or set positive priorities with "
                 f"update_priority()."
             )
-        index, q = drawn
-        weight = np.power(q / q_min, -beta)
+        index, q, q_min, beta = drawn
+        # (q / q_min) ** -beta, in place (the leaf values drawn are a fresh array)
+        np.divide(q, q_min, out=q)
+        weight = np.power(q, -beta, out=q)
         numpy_dtype = _NUMPY_DTYPES.get(self._dtype)
         if numpy_dtype is not None:
             weight = torch.from_numpy(weight.astype(numpy_dtype, copy=False))
         else:
             weight = torch.from_numpy(weight).to(self._dtype)
-        return unravel(torch.from_numpy(index), storage), {"priority_weight": weight}
+        index = torch.from_numpy(index)
+        return (index if ndim == 1 else unravel(index, storage)), {"priority_weight": weight}
+
+    def _draw_locked(self, storage, u: np.ndarray, n: int):
+        """``(positions, leaf values, smallest stored leaf, beta)`` drawn from one view of the trees (call it
+        holding the guard), or ``None`` when every stored item has priority zero."""
+        scalars = self._scalar_array
+        written_end = int(scalars[_WRITTEN_END])
+        # No priority past the stored items: the whole tree is searched (its fast path). Otherwise priorities
+        # were set past len(storage) (a standalone sampler: update_priority without storage).
+        if written_end <= n:
+            drawn = draw_with_min(self._sum_tree, self._min_tree, u)
+            if drawn is None:
+                return None
+            return (*drawn, float(scalars[_BETA]))
+        drawn = self._sum_tree.draw(u, end=n)
+        if drawn is None:
+            # items written (and given priorities) since len(storage) was read, as another process may
+            # have done before this one took the lock: they are stored, so they may be drawn
+            n = min(len(storage), self._capacity)
+            drawn = self._sum_tree.draw(u, end=None if written_end <= n else n)
+            if drawn is None:
+                return None
+        return (*drawn, self._stored_min(n), float(scalars[_BETA]))
 
     def _uniform_draws(self, count: int) -> np.ndarray:
         """``count`` float64 draws in ``[0, 1)``: from the sampler's generator, or without one from numpy's
@@ -453,22 +481,77 @@ class PrioritizedSampler(Sampler):
         """
         flat = self._flat_index(index, storage)
         values = self._priority_values(priority, flat.size)
-        keep, end = self._kept_positions(flat)
-        if keep is not None:
-            flat, values = flat[keep], values[keep]
         if not flat.size:
             return
+        if self._compiled_update(flat, values, storage):
+            return
+        # One sort gives the range of the positions and whether some repeat (the common case: in range, no -1).
+        ordered = np.sort(flat)
+        lo, hi = int(ordered[0]), int(ordered[-1])
+        if 0 <= lo and hi < self._capacity:
+            end, repeated = hi + 1, bool((ordered[1:] == ordered[:-1]).any())
+        else:  # -1 entries to skip, or a position out of range (which raises)
+            keep, end = self._kept_positions(flat)
+            if keep is not None:
+                flat, values = flat[keep], values[keep]
+            if not flat.size:
+                return
+            repeated = None  # unknown: _last_wins checks
         if storage is not None and end > len(storage):
             self._refuse_unwritten(flat, len(storage))
         top = values.max()
         if not (top < np.inf and values.min() >= 0):  # NaN fails the first test
             check_priorities(values)  # raises, naming the bad values
-        flat, kept = _last_wins(flat, values)
-        if kept is not values:  # repeated positions: only the last value of each counts
-            top = kept.max()
-        with self._guard.write(self._repair_state):
+        kept = values
+        if repeated is not False:
+            flat, kept = _last_wins(flat, values, repeated=repeated)
+            if kept is not values:  # repeated positions: only the last value of each counts
+                top = kept.max()
+        guard = self._guard
+        if guard.is_shared:
+            with guard.write(self._repair_state):
+                self._write(flat, kept, end)
+                self._track_max(flat, kept, float(top))
+        else:  # a private state: no other process to exclude, nothing to flag
             self._write(flat, kept, end)
             self._track_max(flat, kept, float(top))
+
+    def _compiled_update(self, flat: np.ndarray, values: np.ndarray, storage) -> bool:
+        """:meth:`update_priority` in two compiled calls when both trees are compiled and the update is valid (in
+        range, written, finite priorities ``>= 0``, no ``-1`` entry); ``False`` (nothing done) otherwise, for the
+        checking path to raise or filter. Same result as that path (repeated positions: the last write wins)."""
+        sums, mins = self._sum_tree, self._min_tree
+        if mins.kernel != "numba":
+            return False
+        flat = _int64(flat)
+        values = _float64(values)
+        ranges = compiled_ranges(sums, flat, values)
+        if ranges is None:
+            return False
+        lo, hi, smallest, top = ranges
+        if not (0 <= lo and hi < self._capacity and top < np.inf and smallest >= 0):  # NaN fails `top < inf`
+            return False
+        if storage is not None and hi >= len(storage):
+            return False
+        q = values + self._eps  # (raw + eps) ** alpha, rounded to float32 in the compiled write (see _expressed)
+        np.power(q, self._alpha, out=q)
+        guard = self._guard
+        if guard.is_shared:
+            with guard.write(self._repair_state):
+                self._compiled_write(flat, values, q, hi + 1)
+        else:
+            self._compiled_write(flat, values, q, hi + 1)
+        return True
+
+    def _compiled_write(self, flat: np.ndarray, raw: np.ndarray, q: np.ndarray, end: int) -> None:
+        if end > self._written_end:
+            self._written_end = end
+        float32 = self._dtype is not torch.float64
+        top, where = write_priorities(self._sum_tree, self._min_tree, self._priority, flat, raw, q, float32=float32)
+        if self._max_priority is None or top >= self._max_priority:
+            self._max_priority, self._max_priority_index = float(top), int(where)
+        elif self._max_priority_within_buffer and (flat == self._max_priority_index).any():
+            self._recompute_max()
 
     def mark_update(self, index, *, storage=None) -> None:
         """Gives the written items at ``index`` the :attr:`default_priority` (``-1`` entries skipped).
@@ -698,7 +781,8 @@ class PrioritizedSampler(Sampler):
     def _expressed(self, raw: np.ndarray) -> np.ndarray:
         """``(raw + eps) ** alpha`` at the precision of the leaves: float64 for ``dtype=torch.float64``, else
         rounded to float32 (clamped to its largest finite value), as TorchRL's float32 trees store it."""
-        q = np.power(raw + self._eps, self._alpha)
+        q = raw + self._eps
+        np.power(q, self._alpha, out=q)
         if self._dtype is torch.float64:
             return q
         np.minimum(q, _FLOAT32_MAX, out=q)
