@@ -74,6 +74,10 @@ _MAX_MARKER = 512
 _LIVE_LOCKS: weakref.WeakSet = weakref.WeakSet()
 _SPINS = 50  # non-blocking tries (yielding the core in between) before a writer sleeps on the lock
 _swept_in_pid: int | None = None  # the process whose first lock swept the stale lock files
+_get_ident = threading.get_ident
+_getpid = os.getpid
+_file_lock = fcntl.flock
+_EX_NB = fcntl.LOCK_EX | fcntl.LOCK_NB
 
 
 def _lock_dir() -> str:
@@ -216,16 +220,22 @@ class ProcessLock:
         return self._owner == threading.get_ident() and self._pid == os.getpid()
 
     def acquire(self, blocking: bool = True) -> bool:
-        me = threading.get_ident()
+        me = _get_ident()
         if self._owner == me:  # re-entry: the common case inside a write, kept to a compare and an add
             self._depth += 1
             return True
-        if self._pid != os.getpid():  # copied by fork without the at-fork hook (should not happen)
+        if self._pid != _getpid():  # copied by fork without the at-fork hook (should not happen)
             self._after_fork_in_child()
         if not self._thread_lock.acquire(blocking):
             return False
         try:
-            if not self._flock(blocking):
+            fd = self._fd
+            if fd is not None:  # the common case first: the file lock is free at once
+                try:
+                    _file_lock(fd, _EX_NB)
+                except BlockingIOError:
+                    fd = None
+            if fd is None and not self._flock(blocking):
                 self._thread_lock.release()
                 return False
         except BaseException:
@@ -251,24 +261,51 @@ class ProcessLock:
         return True
 
     def release(self) -> None:
-        if self._owner != threading.get_ident():
+        if self._owner != _get_ident():
             raise RuntimeError("ProcessLock.release() called by a thread that does not hold the lock.")
-        self._depth -= 1
-        if self._depth == 0:
+        depth = self._depth - 1
+        self._depth = depth
+        if depth == 0:
             self._owner = None
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            _file_lock(self._fd, fcntl.LOCK_UN)
             self._thread_lock.release()
 
     def __enter__(self) -> ProcessLock:
-        if self._owner == threading.get_ident():
+        # acquire() inlined for the common case (this process's descriptor, the file lock free at once): a
+        # buffer's counters are updated under this lock on its hot paths, where each Python call shows
+        me = _get_ident()
+        if self._owner == me:
             self._depth += 1
-        else:
+            return self
+        fd = self._fd
+        if fd is None or self._pid != _getpid():
             self.acquire()
+            return self
+        self._thread_lock.acquire()
+        try:
+            _file_lock(fd, _EX_NB)
+        except BlockingIOError:
+            try:
+                self._flock(True)
+            except BaseException:
+                self._thread_lock.release()
+                raise
+        except BaseException:
+            self._thread_lock.release()
+            raise
+        self._owner = me
+        self._depth = 1
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._depth > 1 and self._owner == threading.get_ident():
-            self._depth -= 1
+        depth = self._depth
+        if depth > 1 and self._owner == _get_ident():
+            self._depth = depth - 1
+        elif depth == 1 and self._owner == _get_ident():
+            self._depth = 0
+            self._owner = None
+            _file_lock(self._fd, fcntl.LOCK_UN)
+            self._thread_lock.release()
         else:
             self.release()
 

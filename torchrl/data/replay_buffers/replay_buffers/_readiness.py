@@ -16,12 +16,20 @@ is permitted, adds it to ``reserved_samples`` / ``reserved_inserts``; a finished
 to ``samples_returned`` in one locked step (:meth:`FlowState.commit_samples`), and a finished write releases its
 reservation after the writer counted it, so the counters a limiter reads are never ahead of what happened:
 every process and DataLoader worker sharing the buffer draws from one budget and none over-draws it.
+
+What this costs a sample that nobody waits for is kept to a few reads and writes of the counters' memory (a
+memoryview, :attr:`SharedCounters.cells <torchrl.data.replay_buffers._shared.counters.SharedCounters.cells>`)
+under one lock acquisition per step (issue 27; ``benchmarks/readiness_cost.py``): ``rb.sample()`` counts under
+the thread lock, a shared buffer in a per-process slot without the cross-process lock (NOTE [draw counts of a
+shared buffer] in :class:`FlowState`), and a limited sample reserves and commits in :func:`limited_draw`, two
+acquisitions of the flow lock.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -57,6 +65,26 @@ COUNTERS = (
     "insert_wait_count",
     "closed",  # set by shutdown(): the waits of every process sharing the buffer end
 )
+
+_Tensor = torch.Tensor
+_pid = [os.getpid()]  # this process's id (os.getpid() is a system call; a fork updates it: _after_fork)
+
+
+def _after_fork() -> None:
+    _pid[0] = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+# positions in COUNTERS, for the hot paths that read and write the counters' memoryview (SharedCounters.cells)
+CELL_SAMPLE_CALLS, CELL_SAMPLES_RETURNED, CELL_RESERVED_SAMPLES, CELL_CLOSED = 0, 1, 2, 6
+#: How many processes (FlowState objects) of a shared buffer count their draws in slots of their own
+#: (NOTE [draw counts of a shared buffer]); the others count under the cross-process lock.
+SLOTS = 64
+# the slot table: the number of slots claimed, then per slot: its owner's pid, a version, sample_calls and
+# samples_returned
+_SLOT_FIELDS = ("owner", "version", "calls", "returned")
+_SLOT_NAMES = ("claimed", *(f"{field}{i}" for i in range(SLOTS) for field in _SLOT_FIELDS))
 #: The counters a checkpoint keeps (reservations belong to calls in flight: they restart at 0).
 SAVED_COUNTERS = ("sample_calls", "samples_returned", "sample_wait_count", "insert_wait_count")
 
@@ -67,6 +95,25 @@ class FlowState:
     Keyword Args:
         shared (bool): put the counters in shared memory and order them with a cross-process lock now.
             Defaults to ``False`` (see :meth:`share_memory_`).
+
+    Attributes (read by the buffer's hot paths; change them only through the methods):
+        lock: the lock that orders changes to the counters: a ``ProcessLock`` once shared, else a thread lock.
+        cells: the counters as a memoryview, in the order of :data:`COUNTERS`.
+        slot_cells: the slot table of a shared buffer as a memoryview (``None`` while private): NOTE [draw
+            counts of a shared buffer].
+        waiters: how many threads of this process wait in :func:`wait_until`.
+        checked_request: the ``(limiter, batch size)`` that last passed ``check_sample_request`` (a
+            request's check depends on them alone), or ``None``.
+
+    NOTE [draw counts of a shared buffer]: ``sample_calls`` and ``samples_returned`` are counted on every
+    draw; a cross-process lock there costs two ``flock`` calls per sample. So once shared, each process (each
+    ``FlowState`` object in it) counts the draws it makes without a limiter in a slot of its own, in a second
+    shared table (:data:`SLOTS` slots, claimed once under the lock, a slot of a dead process taken over),
+    under this process's thread lock only: a slot has one writer, so no update is lost, and a version made odd
+    while its two counts change lets readers take the pair as one. A counter's value is its cell in the
+    counters plus the sum of the slots (:meth:`get`, :meth:`as_dict`): exact at every moment. Resets and loads
+    set the cells so that the sums come out right; draws behind a limiter are counted in the cells, with
+    their reservation, under the lock.
 
     Examples:
         >>> from torchrl.data.replay_buffers.replay_buffers._readiness import FlowState
@@ -81,15 +128,26 @@ class FlowState:
     def __init__(self, *, shared: bool = False) -> None:
         self._counters = SharedCounters(COUNTERS)
         self._process_lock: ProcessLock | None = None
+        self._slots: SharedCounters | None = None  # the draw counts of each process, once shared
         self._make_runtime()
+        self._attach()
         if shared:
             self.share_memory_()
 
     def _make_runtime(self) -> None:
         self._thread_lock = threading.RLock()  # re-entrant: try_reserve's check may read the counters
         self._cond = threading.Condition(threading.Lock())
-        self._waiters = 0
+        self.waiters = 0
         self._wakeups = 0
+        self.checked_request = None
+        self._slot_pid = None  # the process _slot_at holds for (a copy made by fork claims its own slot)
+        self._slot_at = -1  # where this object's slot starts in the slot table; -1: none (count under lock)
+
+    def _attach(self) -> None:
+        """Sets what the hot paths read (the attributes of the class docstring)."""
+        self.cells = self._counters.cells
+        self.slot_cells = None if self._slots is None else self._slots.cells
+        self.lock = self._process_lock if self._process_lock is not None else self._thread_lock
 
     # -- sharing ---------------------------------------------------------------------------------------------
     @property
@@ -100,24 +158,87 @@ class FlowState:
     def share_memory_(self) -> FlowState:
         """Moves the counters to shared memory and creates their cross-process lock (a no-op when shared)."""
         if self._process_lock is None:
-            self._counters.share_memory_()
-            self._process_lock = ProcessLock()
+            with self._thread_lock:
+                self._counters.share_memory_()
+                self._slots = SharedCounters(_SLOT_NAMES, shared=True)
+                self._process_lock = ProcessLock()
+                self._attach()
         return self
 
-    @property
-    def lock(self):
-        """The lock that orders changes to the counters: a ``ProcessLock`` once shared, else a thread lock."""
-        return self._process_lock if self._process_lock is not None else self._thread_lock
+    # -- the slots of a shared buffer's draw counts: NOTE [draw counts of a shared buffer] ------------------
+    def _claim_slot(self) -> int:
+        """This object's slot in this process (claimed now, under the lock), or -1: every slot is taken."""
+        pid = _pid[0] = os.getpid()
+        slots = self.slot_cells
+        at = -1
+        if slots is not None:
+            with self._process_lock:
+                claimed = slots[0]
+                for i in range(claimed):  # a dead process's slot first: its counts stay in the sums
+                    owner = 1 + 4 * i
+                    if _is_dead(slots[owner]):
+                        at = owner
+                        break
+                if at < 0 and claimed < SLOTS:
+                    at = 1 + 4 * claimed
+                    slots[0] = claimed + 1
+                if at >= 0:
+                    slots[at] = pid
+                    if slots[at + 1] & 1:  # its owner died while counting: even again
+                        slots[at + 1] += 1
+        self._slot_pid, self._slot_at = pid, at
+        return at
+
+    def slot_sums(self) -> tuple[int, int]:
+        """``(sample_calls, samples_returned)`` counted in the slots (``(0, 0)`` while private)."""
+        slots = self.slot_cells
+        if slots is None:
+            return 0, 0
+        calls = returned = 0
+        for at in range(1, 1 + 4 * slots[0], 4):
+            for _ in range(1000):  # a pair changes within a few instructions; a writer killed meanwhile never
+                # ends its change: then the pair as it is
+                version = slots[at + 1]
+                c, r = slots[at + 2], slots[at + 3]
+                if not version & 1 and slots[at + 1] == version:
+                    break
+                os.sched_yield()
+            calls += c
+            returned += r
+        return calls, returned
+
+    def _returned_and_reserved(self) -> int:
+        """``samples_returned + reserved_samples``: what a limiter counts as sampled (read under the lock)."""
+        cells = self.cells
+        samples = cells[CELL_SAMPLES_RETURNED] + cells[CELL_RESERVED_SAMPLES]
+        return samples if self.slot_cells is None else samples + self.slot_sums()[1]
+
+    def _totals(self) -> dict[str, int]:
+        """Every counter (the slots added in), without taking the lock."""
+        values = self._counters.as_dict()
+        if self.slot_cells is not None:
+            calls, returned = self.slot_sums()
+            values["sample_calls"] += calls
+            values["samples_returned"] += returned
+        return values
+
+    def _set_totals(self, values: dict[str, int]) -> None:
+        """Sets counters to ``values`` (under the lock), their cells less what the slots hold."""
+        in_slots = dict(zip(("sample_calls", "samples_returned"), self.slot_sums()))
+        for name, value in values.items():
+            self._counters[name] = value - in_slots.get(name, 0)
 
     # -- counters --------------------------------------------------------------------------------------------
     def get(self, name: str) -> int:
         """The value of counter ``name`` (one of :data:`COUNTERS`)."""
+        if self.slot_cells is not None and name in ("sample_calls", "samples_returned"):
+            return self._totals()[name]
         return self._counters[name]
 
     def as_dict(self) -> dict[str, int]:
         """Every counter, read under the lock (one consistent view)."""
         with self.lock:
-            return self._counters.as_dict()
+            return self._totals()
 
     def add(self, name: str, n: int) -> None:
         """Adds ``n`` to counter ``name`` under the lock."""
@@ -126,21 +247,73 @@ class FlowState:
 
     def count_draw(self, records: int) -> None:
         """Counts one draw of ``records`` records (``sample_calls`` += 1, ``samples_returned`` += records)."""
-        with self._process_lock if self._process_lock is not None else self._thread_lock:
-            values = self._counters.values  # sample_calls, samples_returned: the first two (COUNTERS)
-            values[0] += 1
-            values[1] += records
+        # the hot paths below take their lock with acquire/release, cheaper than a with statement
+        slots = self.slot_cells
+        if slots is not None:  # shared: in this process's slot, without the cross-process lock
+            at = self._slot_at if self._slot_pid == _pid[0] else self._claim_slot()
+            if at >= 0:
+                lock = self._thread_lock
+                lock.acquire()
+                try:
+                    version = slots[at + 1]
+                    slots[at + 1] = version + 1
+                    slots[at + 2] += 1
+                    slots[at + 3] += records
+                    slots[at + 1] = version + 2
+                finally:
+                    lock.release()
+                return
+        cells = self.cells
+        lock = self.lock
+        lock.acquire()
+        try:
+            cells[CELL_SAMPLE_CALLS] += 1
+            cells[CELL_SAMPLES_RETURNED] += records
+        finally:
+            lock.release()
+
+    def count_batch(self, info: dict, batch_size: int) -> None:
+        """:meth:`count_draw` of the records a draw returned (:func:`records_in` of ``info["index"]``)."""
+        index = info.get("index")
+        records = index.shape[0] if type(index) is _Tensor and index.ndim else records_in(index, batch_size)
+        # count_draw, written out: the whole cost of counting rb.sample()
+        lock = self._thread_lock
+        slots = self.slot_cells
+        if slots is None:
+            cells = self.cells
+            lock.acquire()
+            try:
+                cells[CELL_SAMPLE_CALLS] += 1
+                cells[CELL_SAMPLES_RETURNED] += records
+            finally:
+                lock.release()
+            return
+        at = self._slot_at if self._slot_pid == _pid[0] else self._claim_slot()
+        if at < 0:
+            self.count_draw(records)
+            return
+        lock.acquire()
+        try:
+            version = slots[at + 1]
+            slots[at + 1] = version + 1
+            slots[at + 2] += 1
+            slots[at + 3] += records
+            slots[at + 1] = version + 2
+        finally:
+            lock.release()
 
     def commit_samples(self, reserved: int, records: int | None) -> None:
         """Ends a reserved draw: ``records`` (``None``: the draw failed) become returned and the reservation of
         ``reserved`` is released, in one locked step; then wakes the waiters."""
-        counters = self._counters
+        cells = self.cells
         with self.lock:
             if records is not None:
-                counters["sample_calls"] = counters["sample_calls"] + 1
-                counters["samples_returned"] = counters["samples_returned"] + records
-            counters["reserved_samples"] = max(0, counters["reserved_samples"] - reserved)
-        self.notify()
+                cells[CELL_SAMPLE_CALLS] += 1
+                cells[CELL_SAMPLES_RETURNED] += records
+            left = cells[CELL_RESERVED_SAMPLES] - reserved
+            cells[CELL_RESERVED_SAMPLES] = left if left > 0 else 0
+        if self.waiters:
+            self.notify()
 
     def release_inserts(self, reserved: int) -> None:
         """Ends a reserved write (after the writer counted it) and wakes the waiters."""
@@ -153,7 +326,7 @@ class FlowState:
         ``"insert"``) and returns ``True``. ``permitted`` receives the counters read under the lock."""
         name = "reserved_samples" if side == "sample" else "reserved_inserts"
         with self.lock:
-            if not permitted(self._counters.as_dict()):
+            if not permitted(self._totals()):
                 return False
             self._counters[name] = self._counters[name] + n
         return True
@@ -163,15 +336,14 @@ class FlowState:
         zeroes the write count: the ratio of samples to inserts starts over)."""
         with self.lock:
             names = [n for n in COUNTERS if n != "closed"] if samples else ("reserved_samples", "reserved_inserts")
-            for name in names:
-                self._counters[name] = 0
+            self._set_totals(dict.fromkeys(names, 0))
         self.notify()
 
     # -- shutdown --------------------------------------------------------------------------------------------
     def close(self) -> None:
         """Marks the buffer shut down for every process sharing these counters, and wakes this one's waiters."""
         self._counters["closed"] = 1
-        if self._waiters:
+        if self.waiters:
             with self._cond:
                 self._wakeups += 1
                 self._cond.notify_all()
@@ -179,12 +351,12 @@ class FlowState:
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called, in this process or another one sharing the counters."""
-        return self._counters["closed"] != 0
+        return self.cells[CELL_CLOSED] != 0
 
     # -- waking ----------------------------------------------------------------------------------------------
     def notify(self) -> None:
         """Wakes the threads of this process waiting in :func:`wait_until` (nothing to do when none waits)."""
-        if self._waiters:
+        if self.waiters:
             with self._cond:
                 self._wakeups += 1
                 self._cond.notify_all()
@@ -204,21 +376,37 @@ class FlowState:
         """Restores :meth:`state_dict` (missing names: 0); the reservations restart at 0."""
         values = check_counter_state(state, "the readiness state")
         with self.lock:
-            for name in COUNTERS:
-                if name != "closed":
-                    self._counters[name] = values.get(name, 0)
+            self._set_totals({name: values.get(name, 0) for name in COUNTERS if name != "closed"})
         self.notify()
 
     def __getstate__(self):
-        return {"counters": self._counters, "process_lock": self._process_lock}
+        return {"counters": self._counters, "process_lock": self._process_lock, "slots": self._slots}
 
     def __setstate__(self, state) -> None:
         self._counters = state["counters"]
         self._process_lock = state["process_lock"]
+        # a state saved before the slots existed: the draws are counted under the lock
+        self._slots = state.get("slots") if self._process_lock is not None else None
         self._make_runtime()
+        self._attach()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._counters.as_dict()}, shared={self.is_shared})"
+        return f"{type(self).__name__}({self._totals()}, shared={self.is_shared})"
+
+
+def _is_dead(pid: int) -> bool:
+    """Whether process ``pid`` is certainly gone (its slot may be taken over)."""
+    if pid <= 0:
+        return True
+    if pid == os.getpid():
+        return False  # another FlowState of this process: never share a slot between two thread locks
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):  # PermissionError: alive, another user's
+        return False
+    return False
 
 
 def check_counter_state(state, where: str) -> dict[str, int]:
@@ -275,7 +463,7 @@ def wait_until(
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = _FIRST_POLL_S
     with state._cond:
-        state._waiters += 1
+        state.waiters += 1
     try:
         while True:
             if not is_alive() or state.closed:
@@ -291,14 +479,15 @@ def wait_until(
             delay = min(delay * 2, MAX_POLL_S)
     finally:
         with state._cond:
-            state._waiters -= 1
+            state.waiters -= 1
 
 
 def records_in(index, batch_size: int) -> int:
     """How many records a draw returned, from the index the sampler gave (the first dim of a tensor or of a
     per-dim tuple); ``batch_size`` when the index does not say (an ensemble's TensorDict)."""
     if isinstance(index, torch.Tensor):
-        return int(index.shape[0]) if index.ndim else 1
+        shape = index.shape
+        return shape[0] if shape else 1
     if isinstance(index, tuple) and index and isinstance(index[0], torch.Tensor):
         return int(index[0].shape[0]) if index[0].ndim else 1
     if isinstance(index, int):
@@ -386,8 +575,75 @@ def wait_for_data(rb, state: FlowState, batch_size: int, *, timeout: float | Non
 
 
 def try_reserve_sample(rb, state: FlowState, limiter, batch_size: int) -> bool:
-    """Reserves ``batch_size`` records of the limiter's budget if it permits them now (never waits)."""
-    return state.try_reserve("sample", batch_size, _sample_permitted(rb, limiter, batch_size))
+    """Reserves ``batch_size`` records of the limiter's budget if it permits them now (never waits).
+
+    :meth:`FlowState.try_reserve` with the limiter's check written out: once per reserved sample, in one
+    acquisition of the flow lock, reading the counters' memory directly."""
+    cells = state.cells
+    with state.lock:
+        if not (
+            sampler_ready(rb, batch_size)
+            and limiter.sample_permitted(
+                inserts=rb.write_count, samples=state._returned_and_reserved(),
+                size=len(rb) if limiter.reads_size else 0, n=batch_size,
+            )
+        ):  # fmt: skip
+            return False
+        cells[CELL_RESERVED_SAMPLES] += batch_size
+    return True
+
+
+def limited_draw(rb, state: FlowState, limiter, batch_size: int, wait, timeout, cancel_event, draw, sampler,
+                 storage, writer):  # fmt: skip
+    """:func:`gated_draw` with a limiter, for ``rb.sample()``: the same checks, reservation, draw and commit
+    as :func:`reserve_sample` then :func:`reserved_draw`, written out with the buffer's components (``sampler``,
+    ``storage``, ``writer``) passed in, so that a permitted sample costs two acquisitions of the flow lock and
+    a few reads (issue 27: readiness must cost nothing measurable when nothing waits). ``timeout`` is checked
+    (:func:`check_wait_args`); the caller checked that ``rb`` is alive. A refused sample waits in
+    :func:`reserve_sample` (``wait=True``) or raises there."""
+    checked = state.checked_request  # a request's check depends on the limiter and the batch size alone
+    if checked is None or checked[0] is not limiter or checked[1] != batch_size:
+        limiter.check_sample_request(batch_size)
+        state.checked_request = (limiter, batch_size)
+    cells = state.cells
+    permitted = False
+    if not cells[CELL_CLOSED] and (cancel_event is None or not cancel_event.is_set()):
+        lock = state.lock  # try_reserve_sample, written out (acquire/release cost less than a with statement)
+        lock.acquire()
+        try:
+            samples = cells[CELL_SAMPLES_RETURNED] + cells[CELL_RESERVED_SAMPLES]
+            if state.slot_cells is not None:
+                samples += state.slot_sums()[1]
+            if sampler.can_sample(storage, batch_size) and limiter.sample_permitted(
+                inserts=getattr(writer, "write_count", 0), samples=samples,
+                size=len(rb) if limiter.reads_size else 0, n=batch_size,
+            ):  # fmt: skip
+                cells[CELL_RESERVED_SAMPLES] += batch_size
+                permitted = True
+        finally:
+            lock.release()
+    if not permitted:  # shut down, cancelled, refused or to wait for: raises, or waits and reserves
+        reserve_sample(rb, state, limiter, batch_size, wait=wait, timeout=timeout, cancel_event=cancel_event)
+    records = None
+    try:
+        data, info = draw(batch_size)
+        index = info.get("index")
+        records = index.shape[0] if type(index) is _Tensor and index.ndim else records_in(index, batch_size)
+    finally:
+        cells = state.cells  # commit_samples, written out (a new view if the buffer was shared meanwhile)
+        lock = state.lock
+        lock.acquire()
+        try:
+            if records is not None:
+                cells[CELL_SAMPLE_CALLS] += 1
+                cells[CELL_SAMPLES_RETURNED] += records
+            left = cells[CELL_RESERVED_SAMPLES] - batch_size
+            cells[CELL_RESERVED_SAMPLES] = left if left > 0 else 0
+        finally:
+            lock.release()
+        if state.waiters:
+            state.notify()
+    return data, info
 
 
 def reserve_sample(
@@ -396,7 +652,7 @@ def reserve_sample(
     """Reserves ``batch_size`` records for a draw, waiting with ``wait=True``; the caller commits the reservation
     (``state.commit_samples``) once the draw ended, whatever happened."""
     limiter.check_sample_request(batch_size)
-    if not rb.is_alive or state.closed:
+    if state.cells[CELL_CLOSED] or not rb.is_alive:
         raise torchrl_error("rate_shut_down")
     if cancel_event is not None and cancel_event.is_set():
         raise torchrl_error("rate_cancelled")
@@ -505,10 +761,16 @@ def gated_draw(rb, state: FlowState, limiter, batch_size: int, *, wait: bool, ti
         if wait:
             wait_for_data(rb, state, batch_size, timeout=timeout, cancel_event=cancel_event)
         data, info = draw(batch_size)
-        state.count_draw(records_in(info.get("index"), batch_size))
+        state.count_batch(info, batch_size)
         return data, info
     reserve_sample(rb, state, limiter, batch_size, wait=wait, timeout=timeout, cancel_event=cancel_event)
-    return reserved_draw(state, draw, batch_size)
+    records = None  # reserved_draw, written out
+    try:
+        data, info = draw(batch_size)
+        records = records_in(info.get("index"), batch_size)
+    finally:
+        state.commit_samples(batch_size, records)
+    return data, info
 
 
 def release_if_cancelled(state: FlowState, batch_size: int):

@@ -556,14 +556,34 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             >>> rb.stats()["sample_calls"], rb.stats()["samples_returned"]
             (1, 4)
         """
-        self._ready()
-        bs = self._resolve_batch_size(batch_size)
-        if wait is not False or timeout is not None or cancel_event is not None or self._limiter is not None:
-            data, info = self._gated_sample(bs, wait, timeout, cancel_event)
-        elif self._prefetch and bs == self._batch_size:
-            data, info = self._sample_prefetched(bs, self._counted_draw)
+        # every line here runs on each sample; readiness must cost nothing measurable beside the draw when
+        # nothing waits (issue 27: benchmarks/readiness_cost.py), so the common cases are written out
+        if not self._initialized:
+            self._ready()
+        bs = self._batch_size if batch_size is None and self._batch_size is not None else (
+            self._resolve_batch_size(batch_size))  # fmt: skip
+        waits = wait is not False or timeout is not None or cancel_event is not None
+        if waits and (wait is not True or timeout is not None or cancel_event is not None):
+            timeout = _readiness.check_wait_args(wait, timeout, cancel_event)
+        limiter = self._limiter
+        if self._prefetch and bs == self._batch_size:
+            if waits or limiter is not None:
+                data, info = self._gated_sample(bs, wait, timeout, cancel_event)
+            else:
+                data, info = self._sample_prefetched(bs, self._counted_draw)
+        elif limiter is not None and not self._shut_down:  # reserve, draw, commit: _readiness.limited_draw
+            data, info = _readiness.limited_draw(
+                self, self._flow, limiter, bs, wait, timeout, cancel_event, self._sample, self._sampler,
+                self._storage, self._writer,
+            )  # fmt: skip
+        elif limiter is not None:  # shut down: raises
+            data, info = _readiness.gated_draw(self, self._flow, limiter, bs, wait=wait, timeout=timeout,
+                                               cancel_event=cancel_event, draw=self._sample)  # fmt: skip
         else:
-            data, info = self._counted_draw(bs)
+            if wait and (cancel_event is not None or not self._sampler.can_sample(self._storage, bs)):
+                _readiness.wait_for_data(self, self._flow, bs, timeout=timeout, cancel_event=cancel_event)
+            data, info = self._sample(bs)
+            self._flow.count_batch(info, bs)
         return (data, info) if return_info else data
 
     def query(self, predicate=None, *, trajectory_key=None) -> list:
@@ -602,18 +622,16 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         return _readiness.can_sample(self, self._flow, self._limiter, self._resolve_batch_size(batch_size))
 
     def _gated_sample(self, bs: int, wait, timeout, cancel_event):
-        """:meth:`sample` with a wait, a timeout, a cancel event or a rate limiter (see ``_readiness.py``)."""
-        timeout = _readiness.check_wait_args(wait, timeout, cancel_event)
+        """:meth:`sample` through the prefetch queue with a wait, a timeout, a cancel event or a rate limiter
+        (see ``_readiness.py``); ``timeout`` is checked already."""
         now = functools.partial(_readiness.gated_draw, self, self._flow, self._limiter, wait=wait, timeout=timeout,
                                 cancel_event=cancel_event, draw=self._sample)  # fmt: skip
-        if self._prefetch and bs == self._batch_size:
-            return self._sample_prefetched(bs, now)
-        return now(bs)
+        return self._sample_prefetched(bs, now)
 
     def _counted_draw(self, bs: int, transform: bool = True):
         """One draw, counted in ``sample_calls`` and ``samples_returned`` (the fast path of :meth:`sample`)."""
         data, info = self._sample(bs, transform)
-        self._flow.count_draw(_readiness.records_in(info.get("index"), bs))
+        self._flow.count_batch(info, bs)
         return data, info
 
     def sample_raw(self, batch_size: int | None = None, return_info: bool = False):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
@@ -36,6 +37,7 @@ from torchrl.data.replay_buffers._checkpoint.parts import (
 from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
 from torchrl.data.replay_buffers.errors import torchrl_error
 from torchrl.data.replay_buffers.replay_buffers._prefetch import WithoutQueue, leaving_queue_out
+from torchrl.data.replay_buffers.replay_buffers._readiness import MAX_POLL_S, check_wait_args
 from torchrl.data.replay_buffers.replay_buffers.dataset import ReplayBufferDataset
 
 __all__ = ["MixedReplayBuffer", "largest_remainder_counts"]
@@ -138,6 +140,19 @@ def _takes_return_info(buffer) -> bool:
     except (TypeError, ValueError):
         return False
     return any(p.name == "return_info" or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def _takes_wait(buffer) -> bool:
+    """Whether ``buffer.sample`` accepts ``wait``, ``timeout`` and ``cancel_event`` and ``buffer.can_sample``
+    exists (replay buffers; a user's dataset may not)."""
+    try:
+        parameters = inspect.signature(buffer.sample).parameters
+    except (TypeError, ValueError):
+        return False
+    takes = all(name in parameters for name in ("wait", "timeout", "cancel_event")) or any(
+        p.kind is p.VAR_KEYWORD for p in parameters.values()
+    )
+    return takes and callable(getattr(buffer, "can_sample", None))
 
 
 def _check_source_key(source_key):
@@ -287,6 +302,7 @@ class MixedReplayBuffer:
             raise TypeError(f"`transform` must be callable (a Transform or a function) or None, got {transform!r}.")
         self._buffers = members
         self._with_info = [_takes_return_info(buffer) for buffer in members]
+        self._with_wait = [_takes_wait(buffer) for buffer in members]
         self._weights = torch.tensor(weights, dtype=torch.float64)  # as given; normalized where read
         self._batch_size = batch_size
         self._source_key = source_key
@@ -388,7 +404,15 @@ class MixedReplayBuffer:
         return check_positive_int("batch_size", batch_size)
 
     # -- sampling ------------------------------------------------------------------------------------------------
-    def sample(self, batch_size: int | None = None, return_info: bool = False):
+    def sample(
+        self,
+        batch_size: int | None = None,
+        return_info: bool = False,
+        *,
+        wait: bool = False,
+        timeout: float | None = None,
+        cancel_event=None,
+    ):
         """A batch of ``batch_size`` rows (default: the mixer's), ``counts(batch_size)[i]`` of them from member ``i``.
 
         Args:
@@ -396,12 +420,84 @@ class MixedReplayBuffer:
             return_info (bool): also return ``info``: ``{"counts": [...], "source": int64 tensor (the member of
                 each row), "index": [each member's sampled positions, or None]}``. Defaults to ``False``.
 
+        Keyword Args:
+            wait (bool): wait until the batch can be served instead of failing: until a member holds data (with
+                ``skip_empty``), then until every member asked for rows can serve them (its ``can_sample``:
+                data, and its rate limiter's permission), then each such member draws with ``wait=True`` (see
+                :meth:`ReplayBuffer.sample <torchrl.data.ReplayBuffer.sample>`; an advisory gate, as there).
+                Members without the waiting keywords (datasets) are drawn from as they are. Writes are seen
+                within a few milliseconds. Defaults to ``False``.
+            timeout (float, optional): the longest wait in seconds for the whole batch, before a
+                ``TimeoutError``. Defaults to ``None`` (as long as it takes).
+            cancel_event (optional): an object with ``is_set()``; once set, the wait ends with a
+                ``RuntimeError``. Defaults to ``None``.
+
         Raises:
             ValueError: no batch size here nor in the constructor.
             RuntimeError: nothing to sample (see :meth:`counts`), or an empty member asked for rows
-                (``skip_empty=False``).
+                (``skip_empty=False``), without ``wait``.
+
+        Examples:
+            >>> import threading, torch
+            >>> from torchrl.data import LazyTensorStorage, MixedReplayBuffer, ReplayBuffer
+            >>> a, b = ReplayBuffer(storage=LazyTensorStorage(8)), ReplayBuffer(storage=LazyTensorStorage(8))
+            >>> mixer = MixedReplayBuffer([a, b], [1, 1], batch_size=4, skip_empty=False)
+            >>> _ = a.extend(torch.zeros(8))
+            >>> writer = threading.Timer(0.01, b.extend, args=(torch.ones(8),))
+            >>> writer.start()
+            >>> mixer.sample(wait=True, timeout=10.0).tolist()
+            [0.0, 0.0, 1.0, 1.0]
+            >>> writer.join()
         """
-        return self.sample_counts(self.counts(batch_size), return_info=return_info)
+        if wait is False and timeout is None and cancel_event is None:
+            return self.sample_counts(self.counts(batch_size), return_info=return_info)
+        timeout = check_wait_args(wait, timeout, cancel_event)
+        if not wait:
+            return self.sample_counts(self.counts(batch_size), return_info=return_info)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        counts = self._wait_for_counts(self._resolve_batch_size(batch_size), timeout, deadline, cancel_event)
+        return self._sample_counts(self._check_counts(counts), return_info, (deadline, cancel_event))
+
+    def _ready_counts(self, batch_size: int) -> list[int] | None:
+        """The counts of the next batch if every member asked for rows can serve them now, else ``None``."""
+        try:
+            counts = self.counts(batch_size)
+        except RuntimeError:  # every member with a positive proportion is empty
+            return None
+        for buffer, count, with_wait in zip(self._buffers, counts, self._waiting_members()):
+            if count and (len(buffer) == 0 or (with_wait and not buffer.can_sample(count))):
+                return None
+        return counts
+
+    def _waiting_members(self) -> list[bool]:
+        with_wait = getattr(self, "_with_wait", None)  # a mixer pickled before wait existed
+        if with_wait is None:
+            with_wait = self._with_wait = [_takes_wait(buffer) for buffer in self._buffers]
+        return with_wait
+
+    def _wait_for_counts(self, batch_size: int, timeout, deadline, cancel_event) -> list[int]:
+        """Polls :meth:`_ready_counts` (0.5 ms doubling to ``MAX_POLL_S``) until it gives counts; raises once
+        ``cancel_event`` is set, a member is shut down or the ``deadline`` passed."""
+        delay = 0.0005
+        while True:
+            if cancel_event is not None and cancel_event.is_set():
+                raise torchrl_error("rate_cancelled")
+            if any(getattr(buffer, "is_alive", True) is False for buffer in self._buffers):
+                raise torchrl_error("rate_shut_down")
+            counts = self._ready_counts(batch_size)
+            if counts is not None:
+                return counts
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(
+                    f"MixedReplayBuffer could not serve a batch of {batch_size} within {timeout} seconds: member "
+                    f"sizes {[len(b) for b in self._buffers]}, proportions "
+                    f"{[round(p, 6) for p in self.proportions]}, skip_empty={self._skip_empty} (a member asked "
+                    f"for rows had none, or its sampler or rate limiter refused them). Write data into the members, "
+                    f"pass a larger timeout, or timeout=None to wait as long as it takes."
+                )
+            time.sleep(delay if remaining is None else min(delay, remaining))
+            delay = min(delay * 2, MAX_POLL_S)
 
     def sample_counts(self, counts: Sequence[int], return_info: bool = False):
         """A batch of exactly ``counts[i]`` rows from member ``i``, members in order; see :meth:`sample`.
@@ -412,13 +508,17 @@ class MixedReplayBuffer:
             counts (sequence of int): one non-negative count per member, not all zero.
             return_info (bool): see :meth:`sample`. Defaults to ``False``.
         """
-        counts = self._check_counts(counts)
+        return self._sample_counts(self._check_counts(counts), return_info, None)
+
+    def _sample_counts(self, counts: list[int], return_info: bool, waiting):
+        """:meth:`sample_counts` of checked ``counts``; ``waiting``: ``(deadline, cancel_event)`` of a waiting
+        :meth:`sample` (members draw with ``wait=True`` and the time left), or ``None``."""
         parts, positions = [], []
         for member, (buffer, count) in enumerate(zip(self._buffers, counts)):
             if count == 0:
                 positions.append(None)
                 continue
-            batch, info = self._draw(member, buffer, count)
+            batch, info = self._draw(member, buffer, count, waiting)
             positions.append(None if info is None else info.get(INDEX_KEY))
             batch = _without_index(batch)
             if self._source_key is not None:
@@ -448,10 +548,15 @@ class MixedReplayBuffer:
                 )
         return checked
 
-    def _draw(self, member: int, buffer, count: int):
+    def _draw(self, member: int, buffer, count: int, waiting=None):
+        kwargs = {}
+        if waiting is not None and self._waiting_members()[member]:
+            deadline, cancel_event = waiting
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            kwargs = {"wait": True, "timeout": timeout, "cancel_event": cancel_event}
         if not self._with_info[member]:  # a dataset whose sample() takes the batch size only
-            return buffer.sample(count), None
-        drawn = buffer.sample(count, return_info=True)
+            return buffer.sample(count, **kwargs), None
+        drawn = buffer.sample(count, return_info=True, **kwargs)
         if isinstance(drawn, tuple) and len(drawn) == 2 and isinstance(drawn[1], Mapping):
             return drawn
         return drawn, None
@@ -617,9 +722,12 @@ class MixedReplayBuffer:
         share_sampler: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
+        wait: bool = False,
+        timeout: float | None = None,
     ) -> ReplayBufferDataset:
         """A :class:`~torchrl.data.ReplayBufferDataset` of mixed batches (needs ``batch_size``), for DataLoader
-        workers; the arguments are those of :meth:`ReplayBuffer.as_dataset <torchrl.data.ReplayBuffer.as_dataset>`.
+        workers; the arguments are those of :meth:`ReplayBuffer.as_dataset <torchrl.data.ReplayBuffer.as_dataset>`
+        (with ``wait=True``, each draw is ``mixer.sample(wait=True, timeout=timeout)``: see :meth:`sample`).
         ``StatefulDataLoader`` resumes it exactly: save the mixer with the loader
         (``save_training_state(path, rb=mixer, loader=loader)``).
 
@@ -634,7 +742,7 @@ class MixedReplayBuffer:
         """
         return ReplayBufferDataset(
             self, num_batches=num_batches, transport=transport, share_sampler=share_sampler, rank=rank,
-            world_size=world_size,
+            world_size=world_size, wait=wait, timeout=timeout,
         )
 
     def stateful_component(self) -> tuple[str, Any] | None:

@@ -73,6 +73,9 @@ class RateLimiter:
 
     #: Whether inserts wait (``extend``/``add``) when the ratio ran ahead.
     blocks_inserts = True
+    #: Whether :meth:`sample_permitted` reads ``size`` (the buffer need not count its items for a rule that
+    #: does not: it passes 0).
+    reads_size = True
 
     def __init__(self, samples_per_insert: float, min_size_to_sample: int, min_diff: float, max_diff: float):
         self._spi = check_samples_per_insert(samples_per_insert)
@@ -275,6 +278,7 @@ class SampleBudget(RateLimiter):
     """
 
     blocks_inserts = False
+    reads_size = False
 
     def __init__(self, samples_per_insert: float):
         super().__init__(samples_per_insert, 1, 0.0, _MAX_FLOAT)
@@ -284,7 +288,8 @@ class SampleBudget(RateLimiter):
         return math.floor(inserts * self._spi) - samples
 
     def sample_permitted(self, *, inserts: int, samples: int, size: int, n: int) -> bool:
-        return self.budget(inserts=inserts, samples=samples) >= n
+        # budget() >= n: floor(inserts * spi) >= samples + n, which for an int samples + n is inserts * spi >= it
+        return inserts * self._spi >= samples + n
 
     def __repr__(self) -> str:
         return f"SampleBudget(samples_per_insert={self._spi:g})"
