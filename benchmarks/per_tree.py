@@ -11,7 +11,10 @@ Data: small rows (``observation: f32[4]`` and an ``episode: i64`` id), the buffe
 - ``uniform``: ``ReplayBuffer(RandomSampler)``, ``rb.sample()``;
 - ``prioritized (numpy)`` / ``prioritized (numba)``: ``TensorDictReplayBuffer(PrioritizedSampler(alpha=0.7,
   beta=0.5))``, ``batch = rb.sample()`` then ``rb.update_priority(batch["index"], new)``, the sampler's trees
-  built with ``kernel="numpy"`` or ``kernel="numba"`` (the numba row is left out when numba is not installed).
+  built with ``kernel="numpy"`` or ``kernel="numba"`` (the numba row is left out when numba is not installed);
+- ``plain RB prio (numpy)`` / ``plain RB prio (numba)``: the same draw through the uniform row's buffer class,
+  ``ReplayBuffer(PrioritizedSampler(...))``: ``batch, info = rb.sample(return_info=True)`` then
+  ``rb.update_priority(info["index"], new)`` (no info entries written into the batch, no stored ``"index"``).
 
 Each round times a block of ``--number`` calls of every row, interleaved (uniform, numpy, numba, uniform, ...),
 so that a change of machine load hits all rows alike; the ``x uniform`` column is the median over rounds of the
@@ -54,14 +57,14 @@ def _buffer(n: int, sampler, buffer_cls) -> ReplayBuffer:
     return rb
 
 
-def _prioritized(n: int, kernel: str) -> ReplayBuffer:
+def _prioritized(n: int, kernel: str, buffer_cls=TensorDictReplayBuffer) -> ReplayBuffer:
     previous = _tree_kernels.DEFAULT_KERNEL
     _tree_kernels.DEFAULT_KERNEL = kernel  # the trees read the default when they are built
     try:
         sampler = PrioritizedSampler(n, alpha=0.7, beta=0.5)
     finally:
         _tree_kernels.DEFAULT_KERNEL = previous
-    return _buffer(n, sampler, TensorDictReplayBuffer)
+    return _buffer(n, sampler, buffer_cls)
 
 
 def _calls(n: int) -> dict:
@@ -77,6 +80,13 @@ def _calls(n: int) -> dict:
             rb.update_priority(batch["index"], torch.rand(BATCH) + 0.01)
 
         rows[f"prioritized ({kernel})"] = step
+        plain = _prioritized(n, kernel, ReplayBuffer)
+
+        def plain_step(rb=plain):
+            batch, info = rb.sample(return_info=True)
+            rb.update_priority(info["index"], torch.rand(BATCH) + 0.01)
+
+        rows[f"plain RB prio ({kernel})"] = plain_step
     return rows
 
 

@@ -80,6 +80,26 @@ def _aligned_info(info: Mapping, data: TensorDictBase) -> Mapping:
     return {key: value for key, value in info.items() if _rows_of(value) != drawn}
 
 
+def _write_info(data: TensorDictBase, info: Mapping) -> TensorDictBase:
+    """``set_entries(data, _aligned_info(info, data), _info_value)``, with a direct path for the common case: an
+    unlocked 1-D batch and info tensors of its shape and device, which those functions would write unchanged."""
+    batch = data.batch_size
+    if len(batch) == 1 and not data.is_locked:
+        device = data.device
+        for value in info.values():
+            if (
+                type(value) is not torch.Tensor
+                or value.shape != batch
+                or (device is not None and value.device != device)
+            ):
+                break
+        else:
+            for key, value in info.items():
+                data.set(key, value)
+            return data
+    return set_entries(data, _aligned_info(info, data), _info_value)
+
+
 class TensorDictReplayBuffer(ReplayBuffer):
     """A :class:`ReplayBuffer` of TensorDicts.
 
@@ -310,7 +330,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
             batch_size, return_info=True, wait=wait, timeout=timeout, cancel_event=cancel_event
         )
         if include_info is not False and isinstance(data, TensorDictBase):
-            set_entries(data, _aligned_info(info, data), _info_value)
+            _write_info(data, info)
         return (data, info) if return_info else data
 
     def sample_raw(self, batch_size: int | None = None, return_info: bool = False):
@@ -318,5 +338,5 @@ class TensorDictReplayBuffer(ReplayBuffer):
         writes it."""
         data, info = super().sample_raw(batch_size, return_info=True)
         if isinstance(data, TensorDictBase):
-            set_entries(data, _aligned_info(info, data), _info_value)
+            _write_info(data, info)
         return (data, info) if return_info else data

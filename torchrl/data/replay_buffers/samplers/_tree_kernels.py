@@ -196,7 +196,8 @@ def _update_sum(tree, depth, flat_level, index, value):
 
 
 def _update_min(tree, depth, flat_level, index, value):
-    """``MinSegmentTree._update_unique``: leaves and the block minimums of the flat level (exact either way)."""
+    """``MinSegmentTree._update_unique``: leaves and the block minimums of the flat level (exact either way).
+    A block whose minimum was held by a leaf that grew is rescanned once after all the writes."""
     size = 1 << depth
     lo = 1 << flat_level
     shift = depth - flat_level
@@ -213,8 +214,12 @@ def _update_min(tree, depth, flat_level, index, value):
         elif old <= tree[slot] and new > old:  # the leaf held its block's minimum and grew
             grew[count] = slot
             count += 1
+    if count > 1:  # each block once, however many of its leaves grew (a block holds up to 8192 leaves)
+        grew[:count] = np.sort(grew[:count])
     width = 1 << shift
     for k in range(count):
+        if k and grew[k] == grew[k - 1]:
+            continue
         first = size + ((grew[k] - lo) << shift)
         m = tree[first]
         for j in range(first + 1, first + width):

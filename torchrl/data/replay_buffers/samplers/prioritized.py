@@ -387,8 +387,11 @@ class PrioritizedSampler(Sampler):
         """
         if not getattr(storage, "stable_items", True):
             raise unstable_items_error(self, storage)
-        batch_size = check_batch_size(batch_size)
-        n = check_not_empty(storage)
+        if type(batch_size) is not int or batch_size < 1:  # the common case, a positive int, needs no call
+            batch_size = check_batch_size(batch_size)
+        n = len(storage)
+        if not n:
+            check_not_empty(storage)  # raises
         # A storage larger than the trees (as TorchRL accepts it): only the items with a position in the trees
         # have a priority, and only they are drawn.
         if n > self._capacity:
@@ -396,7 +399,7 @@ class PrioritizedSampler(Sampler):
         ndim = storage.ndim
         if ndim > 1:
             self._remember_shape(storage)
-        u = self._uniform_draws(batch_size)
+        u = np.random.random_sample(batch_size) if self._rng is None else self._uniform_draws(batch_size)
         guard = self._guard
         if guard.is_shared:
             with guard.read(self._repair_state):  # one view of the tree: see NOTE [prioritized consistency]
@@ -544,12 +547,13 @@ class PrioritizedSampler(Sampler):
         return True
 
     def _compiled_write(self, flat: np.ndarray, raw: np.ndarray, q: np.ndarray, end: int) -> None:
-        if end > self._written_end:
-            self._written_end = end
+        scalars = self._scalar_array  # _written_end, _max_priority and its index, without the properties
+        if end > scalars[_WRITTEN_END]:
+            scalars[_WRITTEN_END] = end
         float32 = self._dtype is not torch.float64
         top, where = write_priorities(self._sum_tree, self._min_tree, self._priority, flat, raw, q, float32=float32)
-        if self._max_priority is None or top >= self._max_priority:
-            self._max_priority, self._max_priority_index = float(top), int(where)
+        if not top < scalars[_MAX_PRIORITY]:  # top >= the max priority, or none yet (NaN)
+            scalars[_MAX_PRIORITY], scalars[_MAX_INDEX] = top, where
         elif self._max_priority_within_buffer and (flat == self._max_priority_index).any():
             self._recompute_max()
 

@@ -20,7 +20,7 @@ numpy calls per level, never a Python loop over items.
 A :class:`MinSegmentTree` keeps only its leaves and the flat level (the same slots, so the array and its
 pickles keep the layout above): flat slot ``2 ** f + b`` is the minimum of the block ``b`` of
 ``size >> f`` leaves. An update lowers the minimum of its block or, when the leaf that held it grew,
-recomputes that block from its leaves (one block scan; rare, as one leaf of a block holds its minimum), so
+recomputes that block from its leaves (one scan per block, however many of its leaves grew), so
 that an update touches one leaf and one flat slot instead of a slot per level. A range minimum scans the
 leaves of its partial blocks at both ends.
 
@@ -622,7 +622,7 @@ class MinSegmentTree(_SegmentTree):
     def _update_unique(self, index: np.ndarray, value: np.ndarray) -> None:
         """Writes leaves (``index`` in range, without repeats) and keeps their blocks' minimums: a lower value
         lowers its block's minimum; a block whose minimum was held by a leaf that grew is recomputed from its
-        leaves (rare: one leaf of the block holds its minimum)."""
+        leaves, once per block however many of its leaves grew."""
         if self._jit is not None:
             self._jit["update_min"](self._tree, self._depth, self._flat_level, _int64(index), _float64(value))
             return
@@ -641,8 +641,8 @@ class MinSegmentTree(_SegmentTree):
         # recomputed from their leaves: the blocks whose minimum was held by a leaf that grew
         redo = old <= before
         redo &= value > old
-        if redo.any():
-            blocks = slot[redo] - lo
+        if redo.any():  # each block once, however many of its leaves grew (a block holds up to 8192 leaves)
+            blocks = np.unique(slot[redo]) - lo
             tree[blocks + lo] = leaves.reshape(-1, 1 << shift)[blocks].min(axis=1)
 
     def _rebuild(self) -> None:
