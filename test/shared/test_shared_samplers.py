@@ -509,12 +509,12 @@ def test_stress_updates_and_extends_in_the_main_process_while_two_workers_sample
 class _HoldingSampler(PrioritizedSampler):
     """Worker 0 of a DataLoader, at its third draw (the first one made after the main process took a batch: the
     first two fill its prefetch slots), writes its pid to ``pid_path`` and sleeps inside the locked section of
-    ``sample`` (where the minimum priority is read), holding the sampler's lock."""
+    ``sample`` (where the trees are read), holding the sampler's lock."""
 
     pid_path: str | None = None
     draws = 0
 
-    def _stored_min(self, n):
+    def _draw_locked(self, storage, u, n):
         info = get_worker_info()
         if self.pid_path is not None and info is not None and info.id == 0:
             self.draws += 1
@@ -522,7 +522,7 @@ class _HoldingSampler(PrioritizedSampler):
                 with open(self.pid_path, "w") as f:
                     f.write(str(os.getpid()))
                 time.sleep(600)
-        return super()._stored_min(n)
+        return super()._draw_locked(storage, u, n)
 
 
 @pytest.mark.multiprocess
