@@ -739,7 +739,7 @@ def _free_port() -> int:
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_remote_buffer_is_written_and_sampled_over_rpc():
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")  # two new processes; the forkserver has torch preloaded (conftest.py)
     results = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=fn, args=(port, results)) for fn in (rpc_owner, rpc_client)]

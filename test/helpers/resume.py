@@ -1,8 +1,8 @@
 """Runs of a small training loop for the resume tests (loading/test_resume.py).
 
-Child-process targets live here, not in the test modules, so that a ``spawn`` child imports only this light
-module. A "run" reads a replay buffer of 40 items (``obs`` = the item id, a random ``noise`` entry added by a
-transform in the process that samples) through a ``StatefulDataLoader`` for two epochs, and each training step
+Child-process targets live here, not in the test modules, so that a new process (forkserver, spawn) imports only
+this light module. A "run" reads a replay buffer of 40 items (``obs`` = the item id, a random ``noise`` entry added
+by a transform in the process that samples) through a ``StatefulDataLoader`` for two epochs, and each training step
 draws from torch's global generator, as dropout would: so a resumed run matches the uninterrupted one only if
 every random stream (the workers', the transform's, the main process's) is restored.
 """
@@ -140,9 +140,17 @@ def second_half(cfg: dict, path: str, out: str) -> None:
     torch.save(batches, out)
 
 
+def new_process_context():
+    """Where the resumed halves run: a forkserver child, a new process that never shared the test's memory (it
+    receives the target and its arguments by pickling, as a spawned one does). It forks from a server that
+    imported torch and torchrl.data once (test/conftest.py) instead of spending seconds importing them again."""
+    return torch.multiprocessing.get_context("forkserver")
+
+
 def run_in_new_process(target, *args, timeout: float = 240) -> None:
-    """Runs ``target(*args)`` in a spawned process; raises if it fails or does not finish in time."""
-    ctx = torch.multiprocessing.get_context("spawn")
+    """Runs ``target(*args)`` in a new process (:func:`new_process_context`); raises if it fails or does not
+    finish in time."""
+    ctx = new_process_context()
     proc = ctx.Process(target=target, args=args)
     proc.start()
     proc.join(timeout)

@@ -1,6 +1,6 @@
 """Data-parallel ranks (torch.distributed, gloo on localhost) reading one memory-mapped storage directory.
 
-Two ranks are spawned with ``torch.multiprocessing``; each re-opens the same ``LazyMemmapStorage`` files and reads
+Two ranks are started with ``torch.multiprocessing`` (forkserver); each re-opens the same ``LazyMemmapStorage`` files and reads
 them through DataLoaders with 2 workers:
 
 - ``StorageDataset`` + ``DistributedSampler``: the ranks' shards of an epoch are disjoint and cover the storage
@@ -29,8 +29,13 @@ def rank_results(tmp_path_factory):
     root = tmp_path_factory.mktemp("distributed")
     path = str(root / "buffer")
     write_shared_buffer(path)
-    context = torch.multiprocessing.spawn(
-        rank_main, args=(WORLD_SIZE, str(root / "init"), path, str(root)), nprocs=WORLD_SIZE, join=False
+    # forkserver: new processes that share nothing with this one (the forkserver has torch preloaded, conftest.py)
+    context = torch.multiprocessing.start_processes(
+        rank_main,
+        args=(WORLD_SIZE, str(root / "init"), path, str(root)),
+        nprocs=WORLD_SIZE,
+        join=False,
+        start_method="forkserver",
     )
     try:
         for _ in range(60):  # at most 10 minutes; a dead rank raises at once

@@ -112,7 +112,7 @@ def test_every_row_written_by_several_processes_is_stored_once_full_grid(method,
 @pytest.mark.timeout(120)
 def test_torch_multiprocessing_writers_share_the_lock(tmp_path):
     _check_every_row_once_with = _run_writers
-    ctx = torch_mp.get_context("spawn")
+    ctx = torch_mp.get_context("forkserver")  # torch's reductions; spawn is tested with plain multiprocessing
     rb = _shared_buffer("lazy", 2 + 2 * 10 * BATCH, tmp_path)
     _check_every_row_once_with(ctx, rb, 2, batches=10)
     assert len(_rows_by_tag(rb)) == 2 + 2 * 10 * BATCH
