@@ -260,9 +260,11 @@ def test_a_spawned_worker_rebuilds_once_then_catches_up():
     sampler.report = report  # pickled with the sampler: the same shared table in the spawned worker
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(120), sampler=sampler, batch_size=8)
     rb.extend(steps([6, 6, 6]))
-    table = _run_workers(rb, report, batches=25, write=8, context="spawn", workers=1)
+    # 50 batches: only the draws that no parent write overlapped are compared, as few as 1 in 6 on a loaded
+    # machine (4 of 25 once in CI)
+    table = _run_workers(rb, report, batches=50, write=8, context="spawn", workers=1)
     compared, mismatched, rebuilds, catch_ups = table[0].tolist()
-    assert rebuilds == 1 and catch_ups >= 10 and mismatched == 0 and compared >= 5, table
+    assert rebuilds == 1 and catch_ups >= 10 and mismatched == 0 and compared >= 3, table
 
 
 # -- another process writing ----------------------------------------------------------------------------------
