@@ -186,9 +186,9 @@ class ReportingSequence(Sequence):
         return out
 
 
-def _run_workers(rb, report, *, batches, write, context="fork", workers=2):
-    """Iterates a DataLoader over ``rb`` while the parent appends ``write`` rows after each batch; returns the
-    workers' report. The batches are not checked here: a write landing between a worker's draw and its gather
+def _run_workers(rb, report, *, batches, write, context="fork", workers=2, every=1):
+    """Iterates a DataLoader over ``rb`` while the parent appends ``write`` rows after every ``every``-th batch;
+    returns the workers' report. The batches are not checked here: a write landing between a worker's draw and its gather
     may overwrite sampled rows (see ``valid_slices`` in the workers, which checks draws no write overlapped)."""
     dl = DataLoader(
         rb.as_dataset(num_batches=batches),
@@ -199,7 +199,9 @@ def _run_workers(rb, report, *, batches, write, context="fork", workers=2):
         collate_fn=tensordict_collate,
     )
     t, episode = len(rb), 1000
-    for _ in dl:
+    for i, _ in enumerate(dl):
+        if i % every:
+            continue
         rb.extend(steps([write // 2, write - write // 2], episode, t))  # the parent appends between batches
         t, episode = t + write, episode + 2
     return report.table.clone()
@@ -260,9 +262,9 @@ def test_a_spawned_worker_rebuilds_once_then_catches_up():
     sampler.report = report  # pickled with the sampler: the same shared table in the spawned worker
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(120), sampler=sampler, batch_size=8)
     rb.extend(steps([6, 6, 6]))
-    # 50 batches: only the draws that no parent write overlapped are compared, as few as 1 in 6 on a loaded
-    # machine (4 of 25 once in CI)
-    table = _run_workers(rb, report, batches=50, write=8, context="spawn", workers=1)
+    # only the draws that no parent write overlapped are compared: with a write after every batch, as few as
+    # 2 of 50; writes after every other batch leave the worker draws of its own
+    table = _run_workers(rb, report, batches=50, write=8, context="spawn", workers=1, every=2)
     compared, mismatched, rebuilds, catch_ups = table[0].tolist()
     assert rebuilds == 1 and catch_ups >= 10 and mismatched == 0 and compared >= 3, table
 

@@ -112,6 +112,22 @@ class _Held:
             guard.release()
 
 
+class _Unheld:
+    """What :meth:`StateGuard.read` and :meth:`StateGuard.write` return while the guard is private: a ``with``
+    block that takes nothing (the private lock is a no-op and there is no flag to raise)."""
+
+    __slots__ = ("_guard",)
+
+    def __init__(self, guard: StateGuard) -> None:
+        self._guard = guard
+
+    def __enter__(self) -> StateGuard:
+        return self._guard
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        return None
+
+
 class StateGuard:
     """The lock around a sampler's state and the "write in progress" flag of its shared copy.
 
@@ -142,6 +158,7 @@ class StateGuard:
         self._flags: SharedArray | None = None  # [writing], in shared memory once shared
         self._flag: np.ndarray | None = None  # its numpy view
         self._depth = 0  # nested writes of this thread: the flag drops when the outermost one ends
+        self._unheld = _Unheld(self)
 
     @property
     def is_shared(self) -> bool:
@@ -163,11 +180,11 @@ class StateGuard:
 
     def read(self, repair) -> _Held:
         """A context that holds the lock; ``repair()`` runs first if a writer died mid-write."""
-        return _Held(self, repair, False)
+        return _Held(self, repair, False) if self._flags is not None else self._unheld
 
     def write(self, repair) -> _Held:
         """A context that holds the lock and flags a write in progress until it exits without an exception."""
-        return _Held(self, repair, True)
+        return _Held(self, repair, True) if self._flags is not None else self._unheld
 
     def acquire(self, repair) -> None:
         """Takes the lock; calls ``repair()`` (lock held) when the flag says a writer died mid-write."""
@@ -203,6 +220,7 @@ class StateGuard:
 
     def __setstate__(self, state) -> None:
         self._lock, self._flags, self._flag, self._depth = NULL_LOCK, None, None, 0
+        self._unheld = _Unheld(self)
         flags = state.get("flags")
         if flags is not None and flags.is_shared:  # a copy by value (pickle) is private: no lock, no flag
             self._lock, self._flags, self._flag = state["lock"], flags, flags.array

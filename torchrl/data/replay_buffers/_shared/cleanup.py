@@ -277,6 +277,12 @@ def _owner_is_dead(pid: int, marker: dict, here: dict) -> bool:
         return True  # made before this machine rebooted
     if marker.get("pid_ns") != here["pid_ns"]:
         return False  # another pid namespace (container): its pids mean nothing here
+    return pid_is_gone(pid)
+
+
+def pid_is_gone(pid: int) -> bool:
+    """Whether no process ``pid`` exists in this pid namespace (``False`` when unsure: a process of another
+    user, or a value that is no pid)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -37,6 +37,7 @@ import threading
 import weakref
 
 from torchrl.data.replay_buffers._shared.cleanup import (
+    pid_is_gone,
     process_identity,
     register_owned_path,
     remove_owned_path,
@@ -271,41 +272,15 @@ class ProcessLock:
             self._thread_lock.release()
 
     def __enter__(self) -> ProcessLock:
-        # acquire() inlined for the common case (this process's descriptor, the file lock free at once): a
-        # buffer's counters are updated under this lock on its hot paths, where each Python call shows
-        me = _get_ident()
-        if self._owner == me:
+        if self._owner == _get_ident():
             self._depth += 1
-            return self
-        fd = self._fd
-        if fd is None or self._pid != _getpid():
+        else:
             self.acquire()
-            return self
-        self._thread_lock.acquire()
-        try:
-            _file_lock(fd, _EX_NB)
-        except BlockingIOError:
-            try:
-                self._flock(True)
-            except BaseException:
-                self._thread_lock.release()
-                raise
-        except BaseException:
-            self._thread_lock.release()
-            raise
-        self._owner = me
-        self._depth = 1
         return self
 
     def __exit__(self, *exc) -> None:
-        depth = self._depth
-        if depth > 1 and self._owner == _get_ident():
-            self._depth = depth - 1
-        elif depth == 1 and self._owner == _get_ident():
-            self._depth = 0
-            self._owner = None
-            _file_lock(self._fd, fcntl.LOCK_UN)
-            self._thread_lock.release()
+        if self._depth > 1 and self._owner == _get_ident():
+            self._depth -= 1
         else:
             self.release()
 
@@ -395,13 +370,7 @@ def _creator_is_dead(pid: int, marker: dict | None, here: dict) -> bool:
             return True  # made before this machine rebooted
         if marker.get("pid_ns") != here["pid_ns"]:
             return False  # another pid namespace: its pids mean nothing here
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except (OSError, OverflowError):  # PermissionError: alive, another user's
-        return False
-    return False
+    return pid_is_gone(pid)
 
 
 def _read_marker(fd: int) -> dict | None:

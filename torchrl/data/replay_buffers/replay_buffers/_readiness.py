@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from torchrl.data.replay_buffers._shared.cleanup import pid_is_gone
 from torchrl.data.replay_buffers._shared.counters import SharedCounters
 from torchrl.data.replay_buffers._shared.lock import ProcessLock
 from torchrl.data.replay_buffers.errors import torchrl_error
@@ -66,7 +67,6 @@ COUNTERS = (
     "closed",  # set by shutdown(): the waits of every process sharing the buffer end
 )
 
-_Tensor = torch.Tensor
 _pid = [os.getpid()]  # this process's id (os.getpid() is a system call; a fork updates it: _after_fork)
 
 
@@ -247,7 +247,7 @@ class FlowState:
 
     def count_draw(self, records: int) -> None:
         """Counts one draw of ``records`` records (``sample_calls`` += 1, ``samples_returned`` += records)."""
-        # the hot paths below take their lock with acquire/release, cheaper than a with statement
+        # the hot path of rb.sample(): the lock is taken with acquire/release, cheaper than a with statement
         slots = self.slot_cells
         if slots is not None:  # shared: in this process's slot, without the cross-process lock
             at = self._slot_at if self._slot_pid == _pid[0] else self._claim_slot()
@@ -274,33 +274,7 @@ class FlowState:
 
     def count_batch(self, info: dict, batch_size: int) -> None:
         """:meth:`count_draw` of the records a draw returned (:func:`records_in` of ``info["index"]``)."""
-        index = info.get("index")
-        records = index.shape[0] if type(index) is _Tensor and index.ndim else records_in(index, batch_size)
-        # count_draw, written out: the whole cost of counting rb.sample()
-        lock = self._thread_lock
-        slots = self.slot_cells
-        if slots is None:
-            cells = self.cells
-            lock.acquire()
-            try:
-                cells[CELL_SAMPLE_CALLS] += 1
-                cells[CELL_SAMPLES_RETURNED] += records
-            finally:
-                lock.release()
-            return
-        at = self._slot_at if self._slot_pid == _pid[0] else self._claim_slot()
-        if at < 0:
-            self.count_draw(records)
-            return
-        lock.acquire()
-        try:
-            version = slots[at + 1]
-            slots[at + 1] = version + 1
-            slots[at + 2] += 1
-            slots[at + 3] += records
-            slots[at + 1] = version + 2
-        finally:
-            lock.release()
+        self.count_draw(records_in(info.get("index"), batch_size))
 
     def commit_samples(self, reserved: int, records: int | None) -> None:
         """Ends a reserved draw: ``records`` (``None``: the draw failed) become returned and the reservation of
@@ -400,13 +374,7 @@ def _is_dead(pid: int) -> bool:
         return True
     if pid == os.getpid():
         return False  # another FlowState of this process: never share a slot between two thread locks
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except (OSError, OverflowError):  # PermissionError: alive, another user's
-        return False
-    return False
+    return pid_is_gone(pid)
 
 
 def check_counter_state(state, where: str) -> dict[str, int]:
@@ -599,26 +567,22 @@ def limited_draw(rb, state: FlowState, limiter, batch_size: int, wait, timeout, 
     as :func:`reserve_sample` then :func:`reserved_draw`, written out with the buffer's components (``sampler``,
     ``storage``, ``writer``) passed in, so that a permitted sample costs two acquisitions of the flow lock and
     a few reads (issue 27: readiness must cost nothing measurable when nothing waits). ``timeout`` is checked
-    (:func:`check_wait_args`); the caller checked that ``rb`` is alive. A refused sample waits in
-    :func:`reserve_sample` (``wait=True``) or raises there."""
+    (:func:`check_wait_args`). A refused sample (or one of a buffer shut down) waits in :func:`reserve_sample`
+    (``wait=True``) or raises there."""
     checked = state.checked_request  # a request's check depends on the limiter and the batch size alone
     if checked is None or checked[0] is not limiter or checked[1] != batch_size:
         limiter.check_sample_request(batch_size)
         state.checked_request = (limiter, batch_size)
-    cells = state.cells
     permitted = False
-    if not cells[CELL_CLOSED] and (cancel_event is None or not cancel_event.is_set()):
+    if not state.cells[CELL_CLOSED] and rb.is_alive and (cancel_event is None or not cancel_event.is_set()):
         lock = state.lock  # try_reserve_sample, written out (acquire/release cost less than a with statement)
         lock.acquire()
         try:
-            samples = cells[CELL_SAMPLES_RETURNED] + cells[CELL_RESERVED_SAMPLES]
-            if state.slot_cells is not None:
-                samples += state.slot_sums()[1]
             if sampler.can_sample(storage, batch_size) and limiter.sample_permitted(
-                inserts=getattr(writer, "write_count", 0), samples=samples,
+                inserts=getattr(writer, "write_count", 0), samples=state._returned_and_reserved(),
                 size=len(rb) if limiter.reads_size else 0, n=batch_size,
             ):  # fmt: skip
-                cells[CELL_RESERVED_SAMPLES] += batch_size
+                state.cells[CELL_RESERVED_SAMPLES] += batch_size
                 permitted = True
         finally:
             lock.release()
@@ -627,22 +591,9 @@ def limited_draw(rb, state: FlowState, limiter, batch_size: int, wait, timeout, 
     records = None
     try:
         data, info = draw(batch_size)
-        index = info.get("index")
-        records = index.shape[0] if type(index) is _Tensor and index.ndim else records_in(index, batch_size)
+        records = records_in(info.get("index"), batch_size)
     finally:
-        cells = state.cells  # commit_samples, written out (a new view if the buffer was shared meanwhile)
-        lock = state.lock
-        lock.acquire()
-        try:
-            if records is not None:
-                cells[CELL_SAMPLE_CALLS] += 1
-                cells[CELL_SAMPLES_RETURNED] += records
-            left = cells[CELL_RESERVED_SAMPLES] - batch_size
-            cells[CELL_RESERVED_SAMPLES] = left if left > 0 else 0
-        finally:
-            lock.release()
-        if state.waiters:
-            state.notify()
+        state.commit_samples(batch_size, records)
     return data, info
 
 

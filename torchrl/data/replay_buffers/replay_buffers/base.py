@@ -571,14 +571,11 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
                 data, info = self._gated_sample(bs, wait, timeout, cancel_event)
             else:
                 data, info = self._sample_prefetched(bs, self._counted_draw)
-        elif limiter is not None and not self._shut_down:  # reserve, draw, commit: _readiness.limited_draw
+        elif limiter is not None:  # reserve, draw, commit (shut down: raises)
             data, info = _readiness.limited_draw(
                 self, self._flow, limiter, bs, wait, timeout, cancel_event, self._sample, self._sampler,
                 self._storage, self._writer,
             )  # fmt: skip
-        elif limiter is not None:  # shut down: raises
-            data, info = _readiness.gated_draw(self, self._flow, limiter, bs, wait=wait, timeout=timeout,
-                                               cancel_event=cancel_event, draw=self._sample)  # fmt: skip
         else:
             if wait and (cancel_event is not None or not self._sampler.can_sample(self._storage, bs)):
                 _readiness.wait_for_data(self, self._flow, bs, timeout=timeout, cancel_event=cancel_event)

@@ -449,8 +449,6 @@ class MixedReplayBuffer:
             [0.0, 0.0, 1.0, 1.0]
             >>> writer.join()
         """
-        if wait is False and timeout is None and cancel_event is None:
-            return self.sample_counts(self.counts(batch_size), return_info=return_info)
         timeout = check_wait_args(wait, timeout, cancel_event)
         if not wait:
             return self.sample_counts(self.counts(batch_size), return_info=return_info)

@@ -40,10 +40,6 @@ def set_entries(data: TensorDictBase, entries: Mapping, convert: Callable) -> Te
 
 
 def _info_value(value, like: TensorDictBase):
-    if type(value) is torch.Tensor:  # the common case: one value per item of a 1-D batch, on its device
-        batch, device = like.batch_size, like.device
-        if value.shape == batch and (device is None or value.device == device):
-            return value
     if isinstance(value, tuple):
         value = torch.stack([torch.as_tensor(v) for v in value], -1)
     value = torch.as_tensor(value, device=like.device)

@@ -387,11 +387,8 @@ class PrioritizedSampler(Sampler):
         """
         if not getattr(storage, "stable_items", True):
             raise unstable_items_error(self, storage)
-        if type(batch_size) is not int or batch_size < 1:  # the common case, a positive int, needs no call
-            batch_size = check_batch_size(batch_size)
-        n = len(storage)
-        if not n:
-            check_not_empty(storage)  # raises
+        batch_size = check_batch_size(batch_size)
+        n = check_not_empty(storage)
         # A storage larger than the trees (as TorchRL accepts it): only the items with a position in the trees
         # have a priority, and only they are drawn.
         if n > self._capacity:
@@ -399,12 +396,8 @@ class PrioritizedSampler(Sampler):
         ndim = storage.ndim
         if ndim > 1:
             self._remember_shape(storage)
-        u = np.random.random_sample(batch_size) if self._rng is None else self._uniform_draws(batch_size)
-        guard = self._guard
-        if guard.is_shared:
-            with guard.read(self._repair_state):  # one view of the tree: see NOTE [prioritized consistency]
-                drawn = self._draw_locked(storage, u, n)
-        else:  # a private state: no other process to exclude (the guard's lock is a no-op)
+        u = self._uniform_draws(batch_size)
+        with self._guard.read(self._repair_state):  # one view of the tree: see NOTE [prioritized consistency]
             drawn = self._draw_locked(storage, u, n)
         if drawn is None:
             raise RuntimeError(
@@ -510,12 +503,7 @@ class PrioritizedSampler(Sampler):
             flat, kept = _last_wins(flat, values, repeated=repeated)
             if kept is not values:  # repeated positions: only the last value of each counts
                 top = kept.max()
-        guard = self._guard
-        if guard.is_shared:
-            with guard.write(self._repair_state):
-                self._write(flat, kept, end)
-                self._track_max(flat, kept, float(top))
-        else:  # a private state: no other process to exclude, nothing to flag
+        with self._guard.write(self._repair_state):
             self._write(flat, kept, end)
             self._track_max(flat, kept, float(top))
 
@@ -538,11 +526,7 @@ class PrioritizedSampler(Sampler):
             return False
         q = values + self._eps  # (raw + eps) ** alpha, rounded to float32 in the compiled write (see _expressed)
         np.power(q, self._alpha, out=q)
-        guard = self._guard
-        if guard.is_shared:
-            with guard.write(self._repair_state):
-                self._compiled_write(flat, values, q, hi + 1)
-        else:
+        with self._guard.write(self._repair_state):
             self._compiled_write(flat, values, q, hi + 1)
         return True
 

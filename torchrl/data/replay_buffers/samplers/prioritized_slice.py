@@ -146,6 +146,10 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         ``slice_len`` less the right span."""
         return slice_len - self._span_steps(slice_len)[1]
 
+    def _start_counts(self, lengths: np.ndarray, slice_len: int) -> np.ndarray:
+        """How many steps of trajectories of ``lengths`` steps can start a slice (their first ones)."""
+        return np.maximum(lengths - (self._need(slice_len) - 1), 0 if self.strict_length else 1)
+
     def _start_table(self, bounds: _Boundaries, slice_len: int) -> tuple[np.ndarray, ...]:
         """Every step that can start a slice, trajectories oldest first then by offset (``O(N)``; cached with
         from-scratch boundaries): ``(cells, traj, offsets, traj_starts, traj_lengths)``, numpy, one entry per
@@ -155,7 +159,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         if table is None:  # numpy: torch's threaded ops stall on a busy machine, numpy's do not
             index = bounds.index
             starts, lengths = index.starts.cpu().numpy(), index.lengths.cpu().numpy()
-            counts = np.maximum(lengths - (self._need(slice_len) - 1), 0 if self.strict_length else 1)
+            counts = self._start_counts(lengths, slice_len)
             traj = np.repeat(np.arange(counts.size), counts)
             first = np.cumsum(counts) - counts
             offsets = np.arange(traj.size) - first[traj]
@@ -254,7 +258,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         self, bounds: _Boundaries, start: np.ndarray, length: np.ndarray, slice_len: int
     ) -> _Eligible:
         """The table of the drawn slices' trajectories, one per slice (slice ``i`` is its entry ``i``)."""
-        count = np.maximum(length - (self._need(slice_len) - 1), 0 if self.strict_length else 1)
+        count = self._start_counts(length, slice_len)
         starts, lengths, count = (torch.from_numpy(a) for a in (start, length, count))
         if bounds.live is None and bounds.index.starts.device.type != "cpu":
             device = bounds.index.starts.device
