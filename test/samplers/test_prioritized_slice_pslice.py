@@ -289,7 +289,7 @@ def test_forked_workers_share_the_priorities_and_catch_up_on_parent_appends():
     rb.sample()  # the index is built before the fork: the workers start with a copy of it
     sampler.table = torch.zeros(2, 5, dtype=torch.long).share_memory_()
     sampler.reset = torch.zeros(1, dtype=torch.long).share_memory_()
-    dl = DataLoader(rb.as_dataset(num_batches=50), batch_size=None, num_workers=2,
+    dl = DataLoader(rb.as_dataset(num_batches=60), batch_size=None, num_workers=2,
                     multiprocessing_context="fork", timeout=60, collate_fn=tensordict_collate)  # fmt: skip
     t, episode = len(rb), 100
     for i, _ in enumerate(dl):
@@ -300,6 +300,9 @@ def test_forked_workers_share_the_priorities_and_catch_up_on_parent_appends():
             priority[torch.arange(t - 10, t) % 300] = 1.0
             rb.update_priority(torch.arange(len(rb)), priority)
             sampler.reset[0] = episode - 2
+        if i > 25 and i % 2:
+            continue  # from then on every other batch: only draws no parent write overlapped are checked (2 of
+            # 25 once on CI's loaded run when the parent wrote after each batch)
         rb.extend(episodes([5, 5], first_episode=episode, first_step=t))  # the max priority seen (1.0)
         t, episode = t + 10, episode + 2
     table = sampler.table.clone()
