@@ -17,6 +17,7 @@ from torchrl.data import (
     RateLimitedReplayBuffer,
     ReplayBuffer,
     SampleToInsertRatio,
+    SamplerWithoutReplacement,
 )
 from torchrl.data.replay_buffers.replay_buffers import _service_backend
 from torchrl.data.replay_buffers.training_state import load_training_state, save_training_state
@@ -24,7 +25,8 @@ from torchrl.data.replay_buffers.training_state import load_training_state, save
 
 def _rb(spi: float = 1.0, **kwargs) -> RateLimitedReplayBuffer:
     kwargs.setdefault("storage", LazyTensorStorage(64))
-    return RateLimitedReplayBuffer(samples_per_insert=spi, batch_size=2, **kwargs)
+    kwargs.setdefault("batch_size", 2)
+    return RateLimitedReplayBuffer(samples_per_insert=spi, **kwargs)
 
 
 # -- construction ---------------------------------------------------------------------------------------------------
@@ -129,7 +131,17 @@ def test_a_failed_draw_releases_its_reservation():
     rb.extend(torch.arange(4))
     with pytest.raises(ZeroDivisionError):
         rb.sample()
-    assert rb.stats()["reserved_samples"] == 0 and rb.stats()["sample_budget"] == 4
+    stats = rb.stats()
+    assert stats["reserved_samples"] == 0 and stats["sample_budget"] == 4
+    assert stats["sample_calls"] == stats["samples_returned"] == 0  # counted before the draw, given back
+
+
+def test_a_draw_of_fewer_records_counts_only_those():
+    rb = _rb(2.0, storage=LazyTensorStorage(8), sampler=SamplerWithoutReplacement(drop_last=False), batch_size=4)
+    rb.extend(torch.arange(5))
+    assert rb.sample().shape == (4,) and rb.sample().shape == (1,)  # the epoch's last, partial batch
+    stats = rb.stats()
+    assert (stats["sample_calls"], stats["samples_returned"], stats["sample_budget"]) == (2, 5, 10 - 5)
 
 
 def test_the_counters_are_cumulative_after_the_ring_wraps():

@@ -21,8 +21,10 @@ What this costs a sample that nobody waits for is kept to a few reads and writes
 memoryview, :attr:`SharedCounters.cells <torchrl.data.replay_buffers._shared.counters.SharedCounters.cells>`)
 under one lock acquisition per step (issue 27; ``benchmarks/readiness_cost.py``): ``rb.sample()`` counts under
 the thread lock, a shared buffer in a per-process slot without the cross-process lock (NOTE [draw counts of a
-shared buffer] in :class:`FlowState`), and a limited sample reserves and commits in :func:`limited_draw`, two
-acquisitions of the flow lock.
+shared buffer] in :class:`FlowState`), and a permitted limited sample in :func:`limited_draw` checks and counts
+its records as returned in one acquisition of the flow lock, before the draw (the limiter sees the same sum of
+returned and reserved records as with a reservation); a draw that raises, or returns fewer records, gives the
+difference back (:meth:`FlowState.give_back`). A sample that waited keeps the reservation and commit.
 """
 
 from __future__ import annotations
@@ -288,6 +290,15 @@ class FlowState:
             cells[CELL_RESERVED_SAMPLES] = left if left > 0 else 0
         if self.waiters:
             self.notify()
+
+    def give_back(self, calls: int, records: int) -> None:
+        """Takes back ``calls`` sample calls and ``records`` records counted ahead of a draw that raised or
+        returned fewer records (:func:`limited_draw`), in one locked step; then wakes the waiters."""
+        cells = self.cells
+        with self.lock:
+            cells[CELL_SAMPLE_CALLS] -= calls
+            cells[CELL_SAMPLES_RETURNED] -= records
+        self.notify()
 
     def release_inserts(self, reserved: int) -> None:
         """Ends a reserved write (after the writer counted it) and wakes the waiters."""
@@ -563,18 +574,20 @@ def try_reserve_sample(rb, state: FlowState, limiter, batch_size: int) -> bool:
 
 def limited_draw(rb, state: FlowState, limiter, batch_size: int, wait, timeout, cancel_event, draw, sampler,
                  storage, writer):  # fmt: skip
-    """:func:`gated_draw` with a limiter, for ``rb.sample()``: the same checks, reservation, draw and commit
-    as :func:`reserve_sample` then :func:`reserved_draw`, written out with the buffer's components (``sampler``,
-    ``storage``, ``writer``) passed in, so that a permitted sample costs two acquisitions of the flow lock and
-    a few reads (issue 27: readiness must cost nothing measurable when nothing waits). ``timeout`` is checked
-    (:func:`check_wait_args`). A refused sample (or one of a buffer shut down) waits in :func:`reserve_sample`
-    (``wait=True``) or raises there."""
+    """:func:`gated_draw` with a limiter, for ``rb.sample()``: the same checks as :func:`reserve_sample`,
+    written out with the buffer's components (``sampler``, ``storage``, ``writer``) passed in, and a permitted
+    sample's records counted as returned in the same acquisition of the flow lock (no reservation to commit
+    after the draw; a draw that raises or returns fewer records gives the difference back), so that it costs
+    one acquisition and a few reads (issue 27: readiness must cost nothing measurable when nothing waits).
+    ``timeout`` is checked (:func:`check_wait_args`). A refused sample (or one of a buffer shut down) waits in
+    :func:`reserve_sample` (``wait=True``) then draws in :func:`reserved_draw`, or raises there."""
     checked = state.checked_request  # a request's check depends on the limiter and the batch size alone
     if checked is None or checked[0] is not limiter or checked[1] != batch_size:
         limiter.check_sample_request(batch_size)
         state.checked_request = (limiter, batch_size)
-    permitted = False
-    if not state.cells[CELL_CLOSED] and rb.is_alive and (cancel_event is None or not cancel_event.is_set()):
+    counted = False
+    cells = state.cells
+    if not cells[CELL_CLOSED] and rb.is_alive and (cancel_event is None or not cancel_event.is_set()):
         lock = state.lock  # try_reserve_sample, written out (acquire/release cost less than a with statement)
         lock.acquire()
         try:
@@ -582,18 +595,26 @@ def limited_draw(rb, state: FlowState, limiter, batch_size: int, wait, timeout, 
                 inserts=getattr(writer, "write_count", 0), samples=state._returned_and_reserved(),
                 size=len(rb) if limiter.reads_size else 0, n=batch_size,
             ):  # fmt: skip
-                state.cells[CELL_RESERVED_SAMPLES] += batch_size
-                permitted = True
+                # counted as returned at once (one acquisition of the lock per sample); given back below when
+                # the draw raises or returns fewer records
+                cells[CELL_SAMPLE_CALLS] += 1
+                cells[CELL_SAMPLES_RETURNED] += batch_size
+                counted = True
         finally:
             lock.release()
-    if not permitted:  # shut down, cancelled, refused or to wait for: raises, or waits and reserves
+    if not counted:  # shut down, cancelled, refused or to wait for: raises, or waits and reserves
         reserve_sample(rb, state, limiter, batch_size, wait=wait, timeout=timeout, cancel_event=cancel_event)
-    records = None
+        return reserved_draw(state, draw, batch_size)
+    if state.waiters:  # an insert that waited for samples
+        state.notify()
     try:
         data, info = draw(batch_size)
-        records = records_in(info.get("index"), batch_size)
-    finally:
-        state.commit_samples(batch_size, records)
+    except BaseException:
+        state.give_back(1, batch_size)
+        raise
+    records = records_in(info.get("index"), batch_size)
+    if records != batch_size:
+        state.give_back(0, batch_size - records)
     return data, info
 
 
