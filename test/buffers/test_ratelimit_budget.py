@@ -16,8 +16,8 @@ from torchrl.data import (
     LazyTensorStorage,
     RateLimitedReplayBuffer,
     ReplayBuffer,
-    SampleToInsertRatio,
     SamplerWithoutReplacement,
+    SampleToInsertRatio,
 )
 from torchrl.data.replay_buffers.replay_buffers import _service_backend
 from torchrl.data.replay_buffers.training_state import load_training_state, save_training_state

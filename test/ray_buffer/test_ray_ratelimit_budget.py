@@ -265,3 +265,76 @@ def test_a_sample_to_insert_ratio_makes_the_writer_wait_in_its_client(cluster):
         assert learner.sample(wait=True, timeout=5.0).shape == (2,)
     finally:
         rb.close()
+
+
+# -- as_dataset(wait=True): DataLoader readers wait for the budget in their own process -------------------------
+def _drain(dataset, out: dict) -> None:
+    out["batches"] = [batch.tolist() for batch in dataset]
+
+
+@pytest.mark.timeout(120)
+def test_a_waiting_dataset_reads_what_the_budget_pays_for_and_no_more(limited):
+    reader = {}
+    thread = threading.Thread(target=_drain, args=(limited.as_dataset(num_batches=6, wait=True, timeout=60.0), reader))
+    thread.start()
+    for start in range(0, 12, 2):  # 12 inserts pay for the 6 batches of 2
+        time.sleep(0.05)
+        limited.extend(torch.arange(start, start + 2))
+        stats = limited.stats()
+        assert stats["samples_returned"] <= stats["write_count"] and stats["sample_budget"] >= 0
+    thread.join(60)
+    assert not thread.is_alive() and len(reader["batches"]) == 6
+    assert all(len(batch) == 2 for batch in reader["batches"])
+    stats = limited.stats()
+    assert stats["samples_returned"] == 12 and stats["sample_budget"] == 0 and stats["sample_wait_count"] >= 1
+
+
+@pytest.mark.timeout(180)
+def test_two_spawned_workers_of_a_waiting_dataset_never_over_draw_the_budget(limited):
+    from torch.utils.data import DataLoader
+
+    def write() -> None:  # once a worker waits: 16 inserts pay for the 8 batches of 2, 2 at a time
+        deadline = time.monotonic() + 90
+        while limited.stats()["sample_wait_count"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for start in range(0, 16, 2):
+            limited.extend(torch.arange(start, start + 2))
+            time.sleep(0.1)
+
+    loader = DataLoader(limited.as_dataset(num_batches=8, wait=True, timeout=90.0, batches_per_call=2),
+                        batch_size=None, num_workers=2, multiprocessing_context="spawn", timeout=120)  # fmt: skip
+    writer = threading.Thread(target=write)
+    writer.start()
+    got = []
+    for batch in loader:
+        got.append(batch.tolist())
+        stats = limited.stats()
+        assert stats["samples_returned"] <= stats["write_count"], stats
+    writer.join(60)
+    assert len(got) == 8 and all(len(batch) == 2 for batch in got)
+    stats = limited.stats()
+    assert stats["samples_returned"] == 16 and stats["sample_budget"] == 0 and stats["sample_wait_count"] >= 1
+
+
+@pytest.mark.timeout(120)
+def test_a_waiting_dataset_past_its_timeout_raises_the_local_message(limited):
+    limited.extend(torch.arange(2))
+    limited.sample()  # the budget is spent
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"Replay buffer did not obtain sample-ratio budget within 0.3 seconds."):
+        next(iter(limited.as_dataset(num_batches=1, wait=True, timeout=0.3)))
+    assert 0.3 <= time.monotonic() - start < 10.0
+    with pytest.raises(RuntimeError, match=PHRASE_NOT_PERMITTED):  # without wait: the refusal, at once
+        next(iter(limited.as_dataset(num_batches=1)))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [({"wait": "yes"}, TypeError, "`wait` must be a bool"), ({"wait": True, "timeout": -1.0}, ValueError,
+     "`timeout` must be None or a number of seconds >= 0, got -1.0")],
+    ids=["wait", "negative-timeout"],
+)
+def test_a_waiting_dataset_checks_its_arguments(limited, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        limited.as_dataset(**kwargs)

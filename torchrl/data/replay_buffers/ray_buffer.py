@@ -314,6 +314,17 @@ class RayReplayBufferClient:
             raise ValueError(f"`count` must be a positive int, got {count!r}.")
         return PendingBatches(self, self._submit("sample_raw_batches", batch_size, count), count)
 
+    def poll_raw(self, batch_size: int | None, count: int, *, timeout: float | None = None) -> list:
+        """Up to ``count`` batches of :meth:`sample_raw` (at least one), waiting in this process until the
+        actor's buffer serves one: the wait of :meth:`sample` (``wait=True``), by attempts that never wait in
+        the actor. ``timeout``: the longest wait in seconds (``TimeoutError`` past it); ``None``: as long as it
+        takes. What ``RayReplayBuffer.as_dataset(wait=True)`` readers draw with."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"`count` must be a positive int, got {count!r}.")
+        timeout = check_wait_args(True, timeout, None)
+        encoded = poll_until(lambda first: self._remote("poll_raw_batches", batch_size, count, first), timeout=timeout)
+        return decode_all(encoded)
+
     def sample_transform(self):
         """A copy of the actor's forward transforms (a ``Compose``), as they are now."""
         return self._remote("sample_transform")
@@ -555,11 +566,11 @@ class RayReplayBuffer(RayReplayBufferClient):
     # -- DataLoader -----------------------------------------------------------------------------------------------
     def as_dataset(
         self, *, num_batches: int | None = None, transport: str = DEFAULT_TRANSPORT, prefetch: int = 1,
-        batches_per_call: int = 8,
+        batches_per_call: int = 8, wait: bool = False, timeout: float | None = None,
     ) -> RayReplayBufferDataset:
         """A :class:`RayReplayBufferDataset`: DataLoader workers draw raw batches from the actor and run the
         buffer's transforms themselves. Use ``multiprocessing_context="spawn"`` (or ``"forkserver"``).
-        ``prefetch`` and ``batches_per_call``: see :class:`RayReplayBufferDataset`.
+        ``prefetch``, ``batches_per_call``, ``wait`` and ``timeout``: see :class:`RayReplayBufferDataset`.
 
         The actor must run one call at a time (no ``max_concurrency`` above 1) and the buffer must not prefetch.
         """
@@ -574,7 +585,8 @@ class RayReplayBuffer(RayReplayBufferClient):
                 f"remote_config max_concurrency={self._max_concurrency}: leave max_concurrency at 1."
             )
         return RayReplayBufferDataset(self.client(), num_batches=num_batches, transport=transport,
-                                      prefetch=prefetch, batches_per_call=batches_per_call)
+                                      prefetch=prefetch, batches_per_call=batches_per_call, wait=wait,
+                                      timeout=timeout)  # fmt: skip
 
 
 #: The keywords of :class:`RayReplayBuffer` that ``service_backend_options`` may hold.

@@ -19,7 +19,7 @@ from torchrl.data.replay_buffers.replay_buffers.dataset import ReplayBufferDatas
 
 __all__ = ["RayReplayBufferDataset"]
 
-_CLIENT_METHODS = ("request_raw", "sample_transform", "batch_size")
+_CLIENT_METHODS = ("request_raw", "poll_raw", "sample_transform", "batch_size")
 
 
 class _RemoteLength:
@@ -49,6 +49,7 @@ class _ActorSource:
 
     def __init__(self, client, batch_size: int, prefetch: int, batches_per_call: int) -> None:
         self.client = client
+        self.wait, self.timeout = False, None  # set by the dataset: see RayReplayBufferDataset's wait
         self.batch_size = batch_size
         self.prefetch = prefetch
         self.batches_per_call = batches_per_call
@@ -89,6 +90,12 @@ class _ActorSource:
         this one included (``None``: endless)."""
         if self.transform is None:
             self.transform = self.client.sample_transform()
+        if self.wait:  # polled: nothing requested ahead (a request the actor cannot serve now would fail)
+            if not self.ready:
+                count = self.batches_per_call if limit is None else min(self.batches_per_call, limit)
+                self.ready.extend(self.client.poll_raw(self.batch_size, count, timeout=self.timeout))
+            batch = self.ready.popleft()
+            return self.transform(batch) if len(self.transform) else batch
         self._request(limit)  # before waiting: the actor works on the next batches meanwhile
         if not self.ready:
             try:
@@ -133,6 +140,14 @@ class RayReplayBufferDataset(ReplayBufferDataset):
         prefetch (int): batches each reader keeps requested beyond the one it transforms. Defaults to ``1``.
         batches_per_call (int): batches the actor returns per call (fewer calls, larger replies).
             Defaults to ``8``.
+        wait (bool): each reader waits until the actor's buffer can serve a batch (data written, a rate
+            limiter's permission: :class:`~torchrl.data.RateLimitedReplayBuffer`, ``rate_limiter=``) instead of
+            failing. The reader polls (:meth:`RayReplayBufferClient.poll_raw
+            <torchrl.data.replay_buffers.ray_buffer.RayReplayBufferClient.poll_raw>`), so the actor keeps
+            serving the writers; each poll draws up to ``batches_per_call`` batches that the buffer serves at
+            once, and nothing is requested ahead (``prefetch`` is not used). Defaults to ``False``.
+        timeout (float, optional): the longest wait of one poll with ``wait=True`` (``TimeoutError`` past it).
+            Defaults to ``None`` (as long as it takes).
 
     Examples:
         >>> import functools, torch
@@ -153,7 +168,8 @@ class RayReplayBufferDataset(ReplayBufferDataset):
     refuse_stateful = False  # the state lives once, in the actor
 
     def __init__(self, client, *, num_batches: int | None = None, transport: str = DEFAULT_TRANSPORT,
-                 prefetch: int = 1, batches_per_call: int = 8) -> None:
+                 prefetch: int = 1, batches_per_call: int = 8, wait: bool = False,
+                 timeout: float | None = None) -> None:  # fmt: skip
         prefetch = check_int("prefetch", prefetch, minimum=0, hint="Pass 0 to request one batch at a time.")
         batches_per_call = check_positive_int("batches_per_call", batches_per_call)
         if not all(hasattr(type(client), name) for name in _CLIENT_METHODS):
@@ -167,7 +183,8 @@ class RayReplayBufferDataset(ReplayBufferDataset):
                 "with RayReplayBuffer(..., batch_size=N)."
             )
         source = _ActorSource(client, batch_size, prefetch, batches_per_call)
-        super().__init__(source, num_batches=num_batches, transport=transport)
+        super().__init__(source, num_batches=num_batches, transport=transport, wait=wait, timeout=timeout)
+        source.wait, source.timeout = self.wait, self.timeout  # checked by the base class
 
     def draw(self):
         """A raw batch from the actor, transformed in this process."""

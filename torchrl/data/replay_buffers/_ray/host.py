@@ -219,15 +219,15 @@ class BufferHost:
             return False, None, str(err)
         return True, SELF if out is self.buffer else out, None
 
-    def sample_raw(self, batch_size: int | None = None):
-        """``buffer.sample(batch_size)`` without the forward transforms (see :meth:`sample_transform`): the
-        buffer's own ``sample_raw`` when its class has one, else ``sample`` with the transforms emptied for
+    def sample_raw(self, batch_size: int | None = None, readiness: dict | None = None):
+        """``buffer.sample(batch_size, **readiness)`` without the forward transforms (see :meth:`sample_transform`):
+        the buffer's own ``sample_raw`` when its class has one, else ``sample`` with the transforms emptied for
         the call (the actor runs one call at a time: ``as_dataset`` refuses ``max_concurrency`` above 1)."""
         own = getattr(type(self.buffer), "sample_raw", None)
         if callable(own):
-            return self.buffer.sample_raw(batch_size)
+            return self.buffer.sample_raw(batch_size, **(readiness or {}))
         with _forward_transforms_off(self.buffer.transform):
-            return self.buffer.sample(batch_size)
+            return self.buffer.sample(batch_size, **(readiness or {}))
 
     def can_sample_raw_concurrently(self) -> bool:
         """Whether :meth:`sample_raw` is safe in a threaded actor (the buffer samples without transforms
@@ -238,6 +238,23 @@ class BufferHost:
         """``count`` batches of :meth:`sample_raw`, encoded for the object store (``wire.encode``): the
         reader gets their tensors without a copy, and one call (one reply) carries them all."""
         return encode_all([self.sample_raw(batch_size) for _ in range(count)])
+
+    def poll_raw_batches(self, batch_size: int | None, count: int, first: bool):
+        """One attempt of a waiting reader (``RayReplayBuffer.as_dataset(wait=True)``): ``(True, batches,
+        None)`` with up to ``count`` batches of :meth:`sample_raw`, as many as the buffer serves now (encoded as
+        :meth:`sample_raw_batches` does), or ``(False, None, message)`` when it serves none. The first batch of
+        a first attempt is the buffer's own wait with a zero timeout (it counts the wait and returns its
+        ``TimeoutError`` message); every other batch is drawn only when ``can_sample`` says yes. Never waits
+        (NOTE [waiting through a Ray actor])."""
+        batches = []
+        if first:
+            try:
+                batches.append(self.sample_raw(batch_size, {"wait": True, "timeout": 0.0}))
+            except TimeoutError as err:
+                return False, None, str(err)
+        while len(batches) < count and self.buffer.can_sample(batch_size):
+            batches.append(self.sample_raw(batch_size))
+        return (True, encode_all(batches), None) if batches else (False, None, None)
 
     def sample_transform(self):
         """The buffer's forward transforms (a ``Compose``), for a process that samples with :meth:`sample_raw`."""

@@ -631,11 +631,13 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         self._flow.count_batch(info, bs)
         return data, info
 
-    def sample_raw(self, batch_size: int | None = None, return_info: bool = False):
+    def sample_raw(self, batch_size: int | None = None, return_info: bool = False, *, wait: bool = False,
+                   timeout: float | None = None, cancel_event=None):  # fmt: skip
         """:meth:`sample` without the forward transforms (and without the prefetch queue), for a reader that
         runs the transforms itself: a :class:`~torchrl.data.RayReplayBuffer` actor sends raw batches to
         DataLoader workers, which transform them. Takes the buffer's locks as :meth:`sample` does, so it is
-        safe from several threads; counted like a sample, and a rate limiter's refusal raises.
+        safe from several threads; counted like a sample, and a rate limiter's refusal raises (``wait``,
+        ``timeout`` and ``cancel_event`` as in :meth:`sample`).
 
         Examples:
             >>> import torch
@@ -646,9 +648,11 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             (True, True)
         """
         self._ready()
+        if wait is not False or timeout is not None or cancel_event is not None:
+            timeout = _readiness.check_wait_args(wait, timeout, cancel_event)
         data, info = _readiness.gated_draw(
-            self, self._flow, self._limiter, self._resolve_batch_size(batch_size), wait=False, timeout=None,
-            cancel_event=None, draw=functools.partial(self._sample, transform=False),
+            self, self._flow, self._limiter, self._resolve_batch_size(batch_size), wait=wait, timeout=timeout,
+            cancel_event=cancel_event, draw=functools.partial(self._sample, transform=False),
         )  # fmt: skip
         return (data, info) if return_info else data
 

@@ -329,10 +329,13 @@ class TensorDictReplayBuffer(ReplayBuffer):
             _write_info(data, info)
         return (data, info) if return_info else data
 
-    def sample_raw(self, batch_size: int | None = None, return_info: bool = False):
+    def sample_raw(self, batch_size: int | None = None, return_info: bool = False, *, wait: bool = False,
+                   timeout: float | None = None, cancel_event=None):  # fmt: skip
         """:meth:`ReplayBuffer.sample_raw`, with the sampler's info written into the batch as :meth:`sample`
         writes it."""
-        data, info = super().sample_raw(batch_size, return_info=True)
+        data, info = super().sample_raw(
+            batch_size, return_info=True, wait=wait, timeout=timeout, cancel_event=cancel_event
+        )
         if isinstance(data, TensorDictBase):
             _write_info(data, info)
         return (data, info) if return_info else data
