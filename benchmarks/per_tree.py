@@ -21,6 +21,11 @@ so that a change of machine load hits all rows alike; the ``x uniform`` column i
 per-round ratio to the uniform block of the same round. Targets: <= 4x (numpy) and <= 2.5x at 1e5 / <= 3x at
 1e6 (numba).
 
+``--interleave call`` times one call of each row in turn instead (``--number`` such turns per round, every call
+timed alone): no row keeps its data in the caches from one call to its next, as in a training loop where the
+learner's step runs between two draws. Both sides then pay cache misses: the uniform draw's gather costs more
+(about 1.5x), and the ratios come out lower than with blocks. Quote which mode a number comes from.
+
 Run it on an idle machine: any other busy process stalls the draws by more than the trees cost.
 """
 
@@ -97,7 +102,19 @@ def _block(fn, number: int) -> float:
     return (time.perf_counter() - start) / number
 
 
-def table(sizes: list[int], rounds: int, number: int) -> list[tuple]:
+def _turns(rows: dict, number: int) -> dict[str, float]:
+    """``number`` turns of one call of each row, each call timed alone: seconds per call of each row."""
+    spent = dict.fromkeys(rows, 0.0)
+    clock = time.perf_counter
+    for _ in range(number):
+        for name, fn in rows.items():
+            start = clock()
+            fn()
+            spent[name] += clock() - start
+    return {name: t / number for name, t in spent.items()}
+
+
+def table(sizes: list[int], rounds: int, number: int, interleave: str = "block") -> list[tuple]:
     out = []
     for n in sizes:
         rows = _calls(n)
@@ -106,6 +123,10 @@ def table(sizes: list[int], rounds: int, number: int) -> list[tuple]:
                 fn()
         times: dict[str, list[float]] = {name: [] for name in rows}
         for _ in range(rounds):
+            if interleave == "call":
+                for name, t in _turns(rows, number).items():
+                    times[name].append(t)
+                continue
             for name, fn in rows.items():
                 times[name].append(_block(fn, number))
         for name in rows:
@@ -119,11 +140,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
     parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--number", type=int, default=20, help="calls per timed block")
+    parser.add_argument("--number", type=int, default=20, help="calls per timed block (per round with 'call')")
+    parser.add_argument("--interleave", choices=["block", "call"], default="block",
+                        help="time blocks of calls of each row (default), or one call of each row in turn")  # fmt: skip
     args = parser.parse_args()
+    print(f"interleave={args.interleave}")
     print(f"{'N':>6} | {'row':<22} | {'us/call':>8} | {'x uniform':>9}")
     print("-" * 56)
-    for n, name, us, ratio in table(args.sizes, args.rounds, args.number):
+    for n, name, us, ratio in table(args.sizes, args.rounds, args.number, args.interleave):
         print(f"{n:>6} | {name:<22} | {us:8.1f} | {ratio:9.2f}")
 
 

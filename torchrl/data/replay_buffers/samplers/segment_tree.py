@@ -642,7 +642,11 @@ class MinSegmentTree(_SegmentTree):
         redo = old <= before
         redo &= value > old
         if redo.any():  # each block once, however many of its leaves grew (a block holds up to 8192 leaves)
-            blocks = np.unique(slot[redo]) - lo
+            blocks = slot[redo]
+            if blocks.size > 1:  # sorted, repeats dropped (np.unique costs ~15 us on 256 ints, this ~2 us)
+                blocks.sort()
+                blocks = blocks[np.concatenate(([True], blocks[1:] != blocks[:-1]))]
+            blocks -= lo
             tree[blocks + lo] = leaves.reshape(-1, 1 << shift)[blocks].min(axis=1)
 
     def _rebuild(self) -> None:
