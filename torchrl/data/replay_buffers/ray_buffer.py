@@ -22,6 +22,7 @@ import functools
 import uuid
 from typing import Any
 
+from torchrl._validation import check_positive_int
 from torchrl.data.replay_buffers._ray.dataset import RayReplayBufferDataset
 from torchrl.data.replay_buffers._ray.host import CANCELLED, SELF, BufferHost, check_constructors
 from torchrl.data.replay_buffers._ray.runtime import (
@@ -310,8 +311,7 @@ class RayReplayBufferClient:
         ``.result()`` of the returned object waits for them and returns them as a list. The batches travel
         through Ray's object store as numpy arrays and their tensors view that memory (no copy). The actor
         runs calls in the order they were sent, so batches arrive in the order they were sampled."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ValueError(f"`count` must be a positive int, got {count!r}.")
+        count = check_positive_int("count", count, type_error=False)
         return PendingBatches(self, self._submit("sample_raw_batches", batch_size, count), count)
 
     def poll_raw(self, batch_size: int | None, count: int, *, timeout: float | None = None) -> list:
@@ -319,8 +319,7 @@ class RayReplayBufferClient:
         actor's buffer serves one: the wait of :meth:`sample` (``wait=True``), by attempts that never wait in
         the actor. ``timeout``: the longest wait in seconds (``TimeoutError`` past it); ``None``: as long as it
         takes. What ``RayReplayBuffer.as_dataset(wait=True)`` readers draw with."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ValueError(f"`count` must be a positive int, got {count!r}.")
+        count = check_positive_int("count", count, type_error=False)
         timeout = check_wait_args(True, timeout, None)
         encoded = poll_until(lambda first: self._remote("poll_raw_batches", batch_size, count, first), timeout=timeout)
         return decode_all(encoded)

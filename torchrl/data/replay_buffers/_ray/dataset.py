@@ -94,15 +94,14 @@ class _ActorSource:
             if not self.ready:
                 count = self.batches_per_call if limit is None else min(self.batches_per_call, limit)
                 self.ready.extend(self.client.poll_raw(self.batch_size, count, timeout=self.timeout))
-            batch = self.ready.popleft()
-            return self.transform(batch) if len(self.transform) else batch
-        self._request(limit)  # before waiting: the actor works on the next batches meanwhile
-        if not self.ready:
-            try:
-                self.ready.extend(self.pending.popleft().result())
-            except BaseException:  # e.g. an empty buffer: the calls sent after this one would fail alike
-                self.pending.clear()
-                raise
+        else:
+            self._request(limit)  # before waiting: the actor works on the next batches meanwhile
+            if not self.ready:
+                try:
+                    self.ready.extend(self.pending.popleft().result())
+                except BaseException:  # e.g. an empty buffer: the calls sent after this one would fail alike
+                    self.pending.clear()
+                    raise
         batch = self.ready.popleft()
         return self.transform(batch) if len(self.transform) else batch
 

@@ -646,8 +646,7 @@ class MinSegmentTree(_SegmentTree):
             if blocks.size > 1:  # sorted, repeats dropped (np.unique costs ~15 us on 256 ints, this ~2 us)
                 blocks.sort()
                 blocks = blocks[np.concatenate(([True], blocks[1:] != blocks[:-1]))]
-            blocks -= lo
-            tree[blocks + lo] = leaves.reshape(-1, 1 << shift)[blocks].min(axis=1)
+            tree[blocks] = leaves.reshape(-1, 1 << shift)[blocks - lo].min(axis=1)
 
     def _rebuild(self) -> None:
         self._leaves[self._capacity :] = self.identity
