@@ -338,3 +338,15 @@ def test_a_waiting_dataset_past_its_timeout_raises_the_local_message(limited):
 def test_a_waiting_dataset_checks_its_arguments(limited, kwargs, error, match):
     with pytest.raises(error, match=match):
         limited.as_dataset(**kwargs)
+
+
+@pytest.mark.timeout(120)
+def test_poll_raw_checks_its_count_and_timeout_before_calling_the_actor(limited):
+    limited.extend(torch.arange(4))
+    with pytest.raises(ValueError, match="`count` must be a positive int, got 0"):
+        limited.poll_raw(2, 0)
+    with pytest.raises(ValueError, match=r"`timeout` must be None \(no limit\) or >= 0 seconds"):
+        limited.poll_raw(2, 1, timeout=-1.0)
+    assert limited.stats()["samples_returned"] == 0  # nothing was drawn by the refused calls
+    batches = limited.poll_raw(2, 8)  # up to 8 asked: the 4 inserts pay for 2 batches of 2
+    assert [len(b) for b in batches] == [2, 2] and limited.stats()["samples_returned"] == 4
