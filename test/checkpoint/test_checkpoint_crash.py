@@ -145,7 +145,9 @@ def test_kill_at_a_random_time_leaves_exactly_the_old_or_the_new_checkpoint(tmp_
     rng = random.Random(trial)
     path = str(tmp_path / "ckpt")
     _write_version(path, 1)
-    done = _CTX.Value("q", 1)
+    # no lock: the child is the only writer, and one SIGKILLed while holding the Value's lock (its `done.value =`)
+    # left the parent's read blocked until the test timed out (once on CI)
+    done = _CTX.Value("q", 1, lock=False)
     child = _CTX.Process(target=_child_write_loop, args=(path, done, trial % 2 == 0, trial))
     child.start()
     deadline = time.monotonic() + 30
