@@ -113,7 +113,7 @@ STEP_CASES += [(s, n, "two-renames") for s, n in _STEPS + [("after_aside", 3), (
 @pytest.mark.parametrize("step, nth, mode", STEP_CASES, ids=lambda v: str(v))
 def test_kill_at_each_step_of_an_incremental_dump_leaves_a_loadable_checkpoint(tmp_path, step, nth, mode):
     path = str(tmp_path / "ckpt")
-    done = _CTX.Value("q", 0)
+    done = _CTX.Value("q", 0, lock=False)  # one writer; a lock held by a SIGKILLed child would block the reads
     child = _CTX.Process(target=_writer_loop, args=(path, str(tmp_path / "live"), done, (step, nth), mode == "exchange", 0))
     child.start()
     child.join(60)
@@ -126,7 +126,7 @@ def test_kill_at_each_step_of_an_incremental_dump_leaves_a_loadable_checkpoint(t
 def test_kill_at_a_random_time_during_incremental_dumps_leaves_the_old_or_the_new_checkpoint(tmp_path, trial):
     rng = random.Random(trial)
     path = str(tmp_path / "ckpt")
-    done = _CTX.Value("q", 0)
+    done = _CTX.Value("q", 0, lock=False)  # one writer; a lock held by a SIGKILLed child would block the reads
     child = _CTX.Process(target=_writer_loop, args=(path, str(tmp_path / "live"), done, None, trial % 2 == 0, trial))
     child.start()
     deadline = time.monotonic() + 30
