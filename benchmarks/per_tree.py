@@ -149,8 +149,8 @@ def _calls(n: int, floor: bool = False) -> dict:
         if floor:
             rows[f"tree only ({kernel})"] = _tree_only(rb)
     bits = n.bit_length() - 1
-    arity = next((1 << k for k in (6, 5) if n == 1 << bits and bits % k == 0), None)  # n a power of 64 or 32
-    if floor and arity is not None:
+    arity = 64 if bits % 6 == 0 else 32 if bits % 5 == 0 else None  # for n a power of 64 or of 32
+    if floor and n == 1 << bits and arity is not None:
         rows[f"{arity}-ary draw (numpy)"] = _wide_draw(np.random.random_sample(n) + 0.01, arity)
     return rows
 
