@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.loading import tensordict_collate
-from torchrl.data.replay_buffers.samplers.frame_stack import FrameStack
+from torchrl.data.replay_buffers.sample_units import FrameStack
 from torchrl.envs.transforms import CatFrames
 
 

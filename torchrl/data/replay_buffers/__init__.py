@@ -2,10 +2,12 @@
 
 TorchRL's module paths sit at this level (``storages``, ``samplers``, ``writers``, ``replay_buffers``,
 ``checkpointers``, ``ray_buffer``, ``utils``, ``sample_units``, ``scheduler``), beside ``training_state``,
-``ted`` and ``errors`` (one public concept each) and the public concern packages ``hf`` (Hugging Face exchange)
-and ``loading`` (what the DataLoader adapters stand on). The underscore packages (``_checkpoint``, ``_shared``,
+``ted`` and ``errors`` (one public concept each) and the public concern packages ``hf`` (Hugging Face exchange),
+``loading`` (what the DataLoader adapters stand on) and ``trajectories`` (episodes in a ring storage). The underscore packages (``_checkpoint``, ``_shared``,
 ``_ray``) are internal. ``__all__`` is the union of the public modules' ``__all__``, never retyped here.
 """
+
+import sys
 
 from torchrl.data._torchrl_names import REPLAY_BUFFER_NAMES, not_provided_getattr
 from torchrl.data.replay_buffers import (
@@ -36,9 +38,9 @@ from torchrl.data.replay_buffers.query import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.ray_buffer import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.replay_buffers import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.sample_units import *  # noqa: F401,F403
+from torchrl.data.replay_buffers.sample_units import frame_stack
+from torchrl.data.replay_buffers.sample_units.frame_stack import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.samplers import *  # noqa: F401,F403
-from torchrl.data.replay_buffers.samplers import frame_stack
-from torchrl.data.replay_buffers.samplers.frame_stack import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.scheduler import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.storages import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.training_state import *  # noqa: F401,F403
@@ -51,6 +53,11 @@ _PUBLIC_MODULES = (
     frame_stack,
 )  # fmt: skip
 __all__ = list(dict.fromkeys(name for module in _PUBLIC_MODULES for name in module.__all__))
+
+# FrameStack's former path `samplers.frame_stack` names the same module as `sample_units.frame_stack`, where the sample
+# unit lives (samplers/ imports nothing from the sample units above it; importing the old path runs this first).
+sys.modules[f"{samplers.__name__}.frame_stack"] = frame_stack
+samplers.frame_stack = frame_stack
 
 # TorchRL's replay-buffer names that this package does not implement: importing one raises an ImportError that
 # says so (see torchrl.data._torchrl_names); implemented names never reach this hook.

@@ -5,7 +5,8 @@ those a predicate accepts. The storage is read once, in time order (oldest step 
 wrapped, the oldest trajectory may be cut at its head, and one written across the physical end of the ring is
 returned whole); an ``ndim=2`` storage (``[time, envs]``) is read one env column after the other, so every
 trajectory is one contiguous run ``[start, start + length)`` of that *flat* data. Trajectories end where the
-trajectory id changes or where an end-of-episode flag is set, and at the newest step of each column.
+trajectory id changes or where an end-of-episode flag is set, and at the newest step of each column (the split
+lives in :mod:`torchrl.data.replay_buffers.trajectories.split`).
 
 Predicates built from :data:`traj` (``traj.length > 5``, ``(traj.reward > 0).any()``, combined with ``&``,
 ``|``, ``~``) are evaluated for every trajectory at once with segment reductions over the flat data (no Python
@@ -25,9 +26,11 @@ from collections.abc import Callable, Iterator
 import torch
 from tensordict import TensorClass, TensorDict, TensorDictBase, lazy_stack, unravel_key
 
-from torchrl.data.replay_buffers.errors import torchrl_error, torchrl_warning
+from torchrl._phrases import TorchRLPhrase
 from torchrl.data.replay_buffers.storages import ListStorage, TensorStorage
-from torchrl.data.replay_buffers.utils import find_start_stop_traj
+from torchrl.data.replay_buffers.trajectories.ends import time_ordered_runs
+from torchrl.data.replay_buffers.trajectories.layout import flat_storage_index
+from torchrl.data.replay_buffers.trajectories.split import signal_keys, split_signal, split_streams
 from torchrl.envs.transforms.transforms import Compose
 
 __all__ = [
@@ -39,10 +42,37 @@ __all__ = [
     "query_replay_buffer",
 ]
 
-#: The trajectory id entries looked for, in order, when no ``trajectory_key`` is given.
-TRAJECTORY_ID_KEYS = (("collector", "traj_ids"), "traj_ids", "episode")
-#: The end-of-episode flags OR-ed together when no trajectory id entry is found (``("next", ...)`` first).
-END_FLAG_NAMES = ("done", "terminated", "truncated")
+QUERY_NOT_TENSORDICT = TorchRLPhrase(
+    TypeError,
+    "expects a TensorDictBase",
+    "{func} expects a TensorDictBase of transitions (one batch dim = time), got {got}. Wrap the data in a "
+    "TensorDict, or query the buffer with rb.query(...).",
+)
+QUERY_BATCH_DIMS = TorchRLPhrase(
+    ValueError,
+    "single batch dimension",
+    "{what} needs data with a single batch dimension (time), got batch_size={batch_size}. Index one "
+    "environment (data[:, i]) or flatten it (data.reshape(-1)) first.",
+)
+QUERY_UNREDUCED = TorchRLPhrase(
+    TypeError,
+    r"Call \.any\(\) or \.all\(\)",
+    "{expr} compares each step, not a trajectory: it has one value per step. Call .any() or .all() to "
+    "reduce it to one bool per trajectory, e.g. ({expr}).any().",
+)
+QUERY_LIST_STORAGE_TYPE = TorchRLPhrase(
+    TypeError,
+    "requires a tensordict-backed storage",
+    "ReplayBuffer.query() requires a tensordict-backed storage or a ListStorage of TensorDicts; the stored "
+    "items are {got}. Store TensorDicts (e.g. TensorDictReplayBuffer with LazyTensorStorage).",
+)
+QUERY_LIST_STORAGE_BATCHED = TorchRLPhrase(
+    TypeError,
+    r"expects single-transition \(scalar\) items",
+    "ReplayBuffer.query() on a ListStorage expects single-transition (scalar) items, got an item with "
+    "batch_size={batch_size}. Write transitions with rb.extend(td) (one item per step), not whole rollouts "
+    "with rb.add(td).",
+)
 
 
 # -- one trajectory ------------------------------------------------------------------------------------------
@@ -125,9 +155,9 @@ def _trajectory_init(self, *args, **kwargs):
     _tensorclass_init(self, *args, **kwargs)
     data = self.data
     if not isinstance(data, TensorDictBase):
-        raise torchrl_error("query_not_tensordict", func="Trajectory", got=type(data).__name__)
+        raise QUERY_NOT_TENSORDICT.error(func="Trajectory", got=type(data).__name__)
     if data.batch_dims != 1:
-        raise torchrl_error("query_batch_dims", what="Trajectory", batch_size=list(data.batch_size))
+        raise QUERY_BATCH_DIMS.error(what="Trajectory", batch_size=list(data.batch_size))
     if not self.batch_size:
         self.batch_size = data.batch_size
 
@@ -405,7 +435,7 @@ class _Field:
         return _Steps(lambda s: s.field(self.key).bool(), self.required_keys(), repr(self)).all()
 
     def __bool__(self):
-        raise torchrl_error("query_unreduced", expr=repr(self))
+        raise QUERY_UNREDUCED.error(expr=repr(self))
 
 
 class _Steps:
@@ -443,7 +473,7 @@ class _Steps:
 
     def _combine(self, other, op, symbol: str) -> _Steps:
         if not isinstance(other, (_Steps, _Field)):
-            raise torchrl_error("query_unreduced", expr=self._text)
+            raise QUERY_UNREDUCED.error(expr=self._text)
         other = other if isinstance(other, _Steps) else _Steps(lambda s: s.field(other.key).bool(),
                                                                other.required_keys(), repr(other))  # fmt: skip
         return _Steps(lambda s: op(self._steps(s), other._steps(s)), self._keys | other._keys,
@@ -459,10 +489,10 @@ class _Steps:
         return _Steps(lambda s: ~self._steps(s), self._keys, f"~{self._text}")
 
     def __bool__(self):
-        raise torchrl_error("query_unreduced", expr=self._text)
+        raise QUERY_UNREDUCED.error(expr=self._text)
 
     def __call__(self, *args, **kwargs):
-        raise torchrl_error("query_unreduced", expr=self._text)
+        raise QUERY_UNREDUCED.error(expr=self._text)
 
 
 class _Traj:
@@ -543,7 +573,7 @@ class TrajectoryPredicate:
         if not callable(fn):
             raise TypeError(f"`fn` must be a callable trajectory -> bool, got {type(fn).__name__}.")
         if isinstance(fn, _Steps):
-            raise torchrl_error("query_unreduced", expr=repr(fn))
+            raise QUERY_UNREDUCED.error(expr=repr(fn))
         if not isinstance(description, str):
             raise TypeError(f"`description` must be a str, got {type(description).__name__}.")
         self.fn = fn
@@ -655,7 +685,7 @@ def as_predicate(predicate) -> TrajectoryPredicate:
     if isinstance(predicate, TrajectoryPredicate):
         return predicate
     if isinstance(predicate, (_Steps, _Field)):
-        raise torchrl_error("query_unreduced", expr=repr(predicate))
+        raise QUERY_UNREDUCED.error(expr=repr(predicate))
     if isinstance(predicate, _Scalar):
         raise TypeError(f"{predicate!r} is one value per trajectory, not a test: compare it (e.g. {predicate!r} > 0).")
     if callable(predicate):
@@ -667,67 +697,7 @@ def as_predicate(predicate) -> TrajectoryPredicate:
     )
 
 
-# -- splitting -----------------------------------------------------------------------------------------------
-def _step_values(value: torch.Tensor, shape: torch.Size, *, reduce_any: bool) -> torch.Tensor:
-    """A per-step signal ``[*shape]`` from an entry ``[*shape, *feature]`` (features OR-ed for flags)."""
-    value = torch.as_tensor(value)
-    per_step = value.shape[len(shape) :].numel()
-    if per_step == 1:
-        return value.reshape(shape)
-    if reduce_any:
-        return value.reshape(*shape, -1).bool().any(-1)
-    if per_step != 1:
-        raise ValueError(
-            f"A trajectory id entry must hold one id per step, got shape {list(value.shape)} for "
-            f"{list(shape)} steps."
-        )
-    return value.reshape(shape)
-
-
-def split_signal(data: TensorDictBase, trajectory_key=None, *, warn: bool = True):
-    """``("trajectory", ids)`` or ``("end", flags)``, per step of ``data`` (shape ``data.batch_size``).
-
-    The first found wins: ``trajectory_key``; ``("collector", "traj_ids")``, ``"traj_ids"``, ``"episode"``;
-    the OR of the ``("next", done|terminated|truncated)`` flags present; the OR of the root ones (the flag
-    fallbacks warn).
-    """
-    shape = data.batch_size
-    keys = set(data.keys(include_nested=True, leaves_only=True))
-    if trajectory_key is not None:
-        key = unravel_key(trajectory_key)
-        if key not in keys:
-            raise KeyError(f"trajectory_key {key!r} not found in data. The data holds {_key_list(data)}.")
-        return "trajectory", _step_values(data.get(key), shape, reduce_any=False)
-    for key in TRAJECTORY_ID_KEYS:
-        if key in keys:
-            return "trajectory", _step_values(data.get(key), shape, reduce_any=False)
-    for prefix in (("next",), ()):
-        present = [(*prefix, name) if prefix else name for name in END_FLAG_NAMES]
-        present = [k for k in present if k in keys]
-        if present:
-            if warn:
-                torchrl_warning("query_end_flags", flags=present, stacklevel=4)
-            flags = None
-            for k in present:
-                f = _step_values(data.get(k), shape, reduce_any=True).bool()
-                flags = f if flags is None else flags | f
-            return "end", flags
-    raise torchrl_error(
-        "query_no_signal", ids=", ".join(map(repr, TRAJECTORY_ID_KEYS)),
-        flags=", ".join(f"('next', {n!r}) or {n!r}" for n in END_FLAG_NAMES),
-    )  # fmt: skip
-
-
-def _runs(kind: str, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(starts, lengths)`` of the trajectories of a 1-D signal (time order, nothing wraps)."""
-    if not values.numel():
-        empty = torch.zeros(0, dtype=torch.long)
-        return empty, empty
-    arg = {"trajectory": values} if kind == "trajectory" else {"end": values}
-    start, _, lengths = find_start_stop_traj(**arg, at_capacity=False)
-    return start[:, 0].long(), lengths.long()
-
-
+# -- iterating and filtering (the split itself: trajectories/split.py) ---------------------------------------
 def iter_trajectories(data: TensorDictBase, trajectory_key=None) -> Iterator[TensorDictBase]:
     """Yields the trajectories of ``data`` (transitions along its one batch dim) as views ``data[start:stop+1]``.
 
@@ -750,13 +720,13 @@ def iter_trajectories(data: TensorDictBase, trajectory_key=None) -> Iterator[Ten
         [[3, 3, 3], [4, 4], [7]]
     """
     if not isinstance(data, TensorDictBase):
-        raise torchrl_error("query_not_tensordict", func="iter_trajectories", got=type(data).__name__)
+        raise QUERY_NOT_TENSORDICT.error(func="iter_trajectories", got=type(data).__name__)
     if data.batch_dims != 1:
-        raise torchrl_error("query_batch_dims", what="iter_trajectories", batch_size=list(data.batch_size))
+        raise QUERY_BATCH_DIMS.error(what="iter_trajectories", batch_size=list(data.batch_size))
     if data.batch_size[0] == 0:
         return
     kind, values = split_signal(data, trajectory_key)
-    starts, lengths = _runs(kind, values)
+    starts, lengths = time_ordered_runs(values, is_done=kind == "end")
     for start, length in zip(starts.tolist(), lengths.tolist()):
         yield data[start : start + length]
 
@@ -782,13 +752,13 @@ def filter_trajectories(data: TensorDictBase, predicate=None, *, trajectory_key=
     """
     pred = None if predicate is None else as_predicate(predicate)
     if not isinstance(data, TensorDictBase):
-        raise torchrl_error("query_not_tensordict", func="filter_trajectories", got=type(data).__name__)
+        raise QUERY_NOT_TENSORDICT.error(func="filter_trajectories", got=type(data).__name__)
     if data.batch_dims != 1:
-        raise torchrl_error("query_batch_dims", what="filter_trajectories", batch_size=list(data.batch_size))
+        raise QUERY_BATCH_DIMS.error(what="filter_trajectories", batch_size=list(data.batch_size))
     if data.batch_size[0] == 0:
         return []
     kind, values = split_signal(data, trajectory_key)
-    starts, lengths = _runs(kind, values)
+    starts, lengths = time_ordered_runs(values, is_done=kind == "end")
     return _keep(data, starts, lengths, pred)
 
 
@@ -800,32 +770,18 @@ def _keep(data: TensorDictBase, starts, lengths, pred) -> list[Trajectory]:
 
 
 # -- ReplayBuffer.query --------------------------------------------------------------------------------------
-def _time_order(rb, storage) -> tuple[torch.Tensor, int, int]:
-    """``(rows, n_rows, n_cols)``: the filled rows of ``storage`` oldest first, and its grid."""
-    n_rows = storage.rows_written()
-    n_cols = int(storage.shape[1]) if storage.ndim == 2 else 1
+def _time_order(rb, storage) -> tuple:
+    """``(index, n_cols)``: the storage index of the flat steps (oldest first, env columns end to end)."""
     if storage.ndim > 2:
         raise ValueError(
             f"ReplayBuffer.query() reads storages with ndim=1 or ndim=2 ([time, envs]); got ndim={storage.ndim}. "
             f"Query storage.flatten() data with filter_trajectories instead."
         )
-    rows = torch.arange(n_rows)
-    if n_rows and storage._is_full:
-        if isinstance(storage, ListStorage):  # a list storage does not track where it wrapped
-            last = (int(rb.writer.cursor) - 1) % n_rows
-        else:
-            last = int(storage.last_written_row)
-        if 0 <= last < n_rows - 1:
-            rows = rows.roll(-(last + 1))
-    return rows, n_rows, n_cols
-
-
-def _flat_index(rows: torch.Tensor, n_cols: int, ndim: int):
-    """The storage index of the flat (env-major, time-ordered) steps: ``rows`` for 1-D, ``(row, col)`` for 2-D."""
-    if ndim == 1:
-        return rows
-    t = rows.numel()
-    return rows.repeat(n_cols), torch.arange(n_cols).repeat_interleave(t)
+    n_rows = storage.rows_written()
+    n_cols = int(storage.shape[1]) if storage.ndim == 2 else 1
+    full_list = isinstance(storage, ListStorage) and storage._is_full  # it does not track where it wrapped
+    cursor = rb.writer.cursor if full_list else None
+    return flat_storage_index(storage, n_rows, cursor=cursor), n_cols
 
 
 def _read(storage, index, keys: set | None) -> TensorDictBase:
@@ -834,9 +790,9 @@ def _read(storage, index, keys: set | None) -> TensorDictBase:
         items = storage.get(index)
         for item in items[:1]:
             if not isinstance(item, TensorDictBase):
-                raise torchrl_error("query_list_storage_type", got=type(item).__name__)
+                raise QUERY_LIST_STORAGE_TYPE.error(got=type(item).__name__)
             if item.batch_dims:
-                raise torchrl_error("query_list_storage_batched", batch_size=list(item.batch_size))
+                raise QUERY_LIST_STORAGE_BATCHED.error(batch_size=list(item.batch_size))
         data = lazy_stack(list(items)) if items else TensorDict(batch_size=[0])
         return (data.select(*keys, strict=False) if keys is not None else data).clone()
     if keys is not None and isinstance(storage, TensorStorage):
@@ -858,7 +814,7 @@ def _read(storage, index, keys: set | None) -> TensorDictBase:
             return TensorDict(out, batch_size=[size])
     data = storage.get(index)
     if not isinstance(data, TensorDictBase):
-        raise torchrl_error("query_list_storage_type", got=type(data).__name__)
+        raise QUERY_LIST_STORAGE_TYPE.error(got=type(data).__name__)
     return data if keys is None else data.select(*keys, strict=False)
 
 
@@ -936,13 +892,12 @@ def query_replay_buffer(rb, predicate=None, *, trajectory_key=None) -> list[Traj
     keys = None if pred is None else pred.required_keys()
     chosen, read = (transforms, None) if keys is None else _needed(transforms, keys)
     with rb.write_lock:  # one consistent snapshot of the rows and of where the ring wrapped
-        rows, n_rows, n_cols = _time_order(rb, storage)
-        index = _flat_index(rows, n_cols, storage.ndim)
-        signal_keys = _signal_keys(storage, trajectory_key)
-        restricted = read is not None and signal_keys is not None
-        raw = _read(storage, index, read | signal_keys if restricted else None)
-    signal = raw.select(*signal_keys, strict=False) if signal_keys is not None else raw
-    starts, lengths = _segments(signal, n_rows, n_cols, trajectory_key)  # on the stored values
+        index, n_cols = _time_order(rb, storage)
+        splitting = signal_keys(storage, trajectory_key)
+        restricted = read is not None and splitting is not None
+        raw = _read(storage, index, read | splitting if restricted else None)
+    signal = raw.select(*splitting, strict=False) if splitting is not None else raw
+    starts, lengths = split_streams(signal, n_cols, trajectory_key)  # on the stored values
     complete = read is None and len(chosen) == len(transforms)  # every entry, through the whole chain
     view = _apply(chosen, raw if complete else raw.clone(False))
     if pred is not None:
@@ -963,30 +918,3 @@ def query_replay_buffer(rb, predicate=None, *, trajectory_key=None) -> list[Traj
 
 def _pick(index, flat: torch.Tensor):
     return index[flat] if isinstance(index, torch.Tensor) else (index[0][flat], index[1][flat])
-
-
-def _signal_keys(storage, trajectory_key) -> set | None:
-    """The entries that split a tensor storage into trajectories (``None``: read them from the data)."""
-    if not isinstance(storage, TensorStorage):
-        return None
-    candidates = [unravel_key(trajectory_key)] if trajectory_key is not None else list(TRAJECTORY_ID_KEYS)
-    for key in candidates:
-        if isinstance(storage.get_entry(key), torch.Tensor):
-            return {key}
-    if trajectory_key is not None:
-        return None  # split_signal raises the KeyError naming it
-    flags = {("next", n) for n in END_FLAG_NAMES} | set(END_FLAG_NAMES)
-    found = {k for k in flags if isinstance(storage.get_entry(k), torch.Tensor)}
-    return found or None
-
-
-def _segments(signal: TensorDictBase, n_rows: int, n_cols: int, trajectory_key):
-    """``(starts, lengths)`` in flat positions: each env column split on its own, columns end to end."""
-    kind, values = split_signal(signal, trajectory_key)
-    if n_cols == 1:
-        return _runs(kind, values)
-    grid = values.reshape(n_cols, n_rows).T  # flat is env-major: column e holds flat [e * n_rows, ...)
-    arg = {"trajectory": grid} if kind == "trajectory" else {"end": grid}
-    start, _, lengths = find_start_stop_traj(**arg, at_capacity=False)  # ordered by env, then time
-    return (start[:, 1] * n_rows + start[:, 0]).long(), lengths.long()
-

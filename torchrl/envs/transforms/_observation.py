@@ -20,8 +20,23 @@ from collections.abc import Sequence
 import torch
 from tensordict import NestedKey, TensorDictBase
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_positive_int, is_int, is_real
 from torchrl.envs.transforms.transforms import Compose, Transform
+
+CATFRAMES_DIM = TorchRLPhrase(
+    ValueError,
+    "dim must be < 0",
+    "dim must be < 0: CatFrames concatenates frames along a dim of each frame, counted from its end (e.g. "
+    "dim=-3 for [C, H, W] images, dim=-1 for vectors); got dim={dim}.",
+)
+CATFRAMES_UNFOLDING_DONE = TorchRLPhrase(
+    KeyError,
+    "CatFrames.unfolding requires",
+    "CatFrames.unfolding requires the done entry {key!r} to tell where trajectories start in a batch of "
+    "consecutive steps; the data holds {keys}. Store it, pass `done_key` naming the stored done entry (read "
+    "under 'next'), or pass future=True.",
+)
 
 __all__ = ["CatFrames"]
 
@@ -57,7 +72,7 @@ class CatFrames(Transform):
     before the trajectory's first step are padded. Use it in a replay buffer through
     :meth:`make_rb_transform_and_sampler`, which pairs it with a :class:`~torchrl.data.SliceSampler`. For
     ``[B, N, ...]`` stacks of frames with any sampler, see
-    :class:`~torchrl.data.replay_buffers.samplers.frame_stack.FrameStack`.
+    :class:`~torchrl.data.replay_buffers.sample_units.FrameStack`.
 
     Only the replay-buffer ("unfolding") use of TorchRL's ``CatFrames`` is provided: the env-side use
     (stepping an environment, ``as_inverse=True``) raises a ``RuntimeError``.
@@ -118,10 +133,7 @@ class CatFrames(Transform):
         if not is_int(dim):
             raise TypeError(f"`dim` must be a negative int (a dim of one frame, e.g. -3), got {dim!r}.")
         if dim >= 0:
-            # deferred, as every torchrl.data import here: torchrl.data imports torchrl.envs
-            from torchrl.data.replay_buffers.errors import torchrl_error
-
-            raise torchrl_error("catframes_dim", dim=dim)
+            raise CATFRAMES_DIM.error(dim=dim)
         if padding == "zeros":
             raise RuntimeError(
                 "CatFrames(padding='zeros') is deprecated (as in TorchRL): pass padding='constant' (its "
@@ -178,9 +190,7 @@ class CatFrames(Transform):
         done = tensordict.get(key, None)
         if done is None:
             if not self.future:
-                from torchrl.data.replay_buffers.errors import torchrl_error
-
-                raise torchrl_error("catframes_unfolding_done", key=key, keys=list(tensordict.keys(True, True)))
+                raise CATFRAMES_UNFOLDING_DONE.error(key=key, keys=list(tensordict.keys(True, True)))
             return torch.zeros(tensordict.batch_size, dtype=torch.bool, device=tensordict.device)
         done = torch.as_tensor(done)
         if done.shape[: tensordict.batch_dims] != tensordict.batch_size:

@@ -16,20 +16,42 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import is_real
 from torchrl.envs.transforms.transforms import Transform
 
 __all__ = ["NextStateReconstructor"]
 
-
-def _torchrl_error(situation: str, /, **fields) -> BaseException:
-    """TorchRL's error for ``situation`` (the registry is imported here: NOTE [deferred torchrl.data imports])."""
-    from torchrl.data.replay_buffers.errors import torchrl_error
-
-    return torchrl_error(situation, **fields)
-
-_MARKERS = (("traj_key", "next_state_traj_key_missing"), ("done_key", "next_state_done_key_missing"),
-            ("step_count_key", "next_state_step_count_key_missing"))
+NEXT_STATE_FILL_DTYPE = TorchRLPhrase(
+    TypeError,
+    "non-floating dtype",
+    "NextStateReconstructor cannot fill ('next', {key!r}), of non-floating dtype {dtype}, with "
+    "fill_value={fill}: pass an integer fill_value (e.g. fill_value=0) for integer entries such as uint8 frames.",
+)
+NEXT_STATE_TRAJ_KEY_MISSING = TorchRLPhrase(
+    KeyError,
+    "trajectory key",
+    "NextStateReconstructor: the trajectory key {key!r} (`{name}`) is not in the sampled batch. Store the "
+    "trajectory ids there, pass the stored key with `{name}=`, `{name}=None` to skip this check, or "
+    "strict=False to skip it when absent.",
+)
+NEXT_STATE_DONE_KEY_MISSING = TorchRLPhrase(
+    KeyError,
+    "done key",
+    "NextStateReconstructor: the done key {key!r} (`{name}`) is not in the sampled batch. Pass the stored done "
+    "entry with `{name}=` (a full key, e.g. ('next', 'done')), `{name}=None` to skip this check, or "
+    "strict=False to skip it when absent.",
+)
+NEXT_STATE_STEP_COUNT_KEY_MISSING = TorchRLPhrase(
+    KeyError,
+    "step-count key",
+    "NextStateReconstructor: the step-count key {key!r} (`{name}`) is not in the sampled batch. Pass the stored "
+    "step counter with `{name}=`, `{name}=None` to skip this check, or strict=False to skip it when absent.",
+)
+_MARKERS = (("traj_key", NEXT_STATE_TRAJ_KEY_MISSING), ("done_key", NEXT_STATE_DONE_KEY_MISSING),
+            ("step_count_key", NEXT_STATE_STEP_COUNT_KEY_MISSING))
+# The default markers ("collector", "traj_ids") and ("next", "done") are the first trajectory key and the done key of
+# torchrl.data.replay_buffers.trajectories.keys, written out here: the transforms sit below torchrl.data.
 
 
 def _is_key(value) -> bool:
@@ -167,16 +189,16 @@ class NextStateReconstructor(Transform):
             return
         fill = self.fill_value
         if isinstance(fill, float) and not (math.isfinite(fill) and fill.is_integer()):
-            raise _torchrl_error("next_state_fill_dtype", key=key, dtype=dtype, fill=fill)
+            raise NEXT_STATE_FILL_DTYPE.error(key=key, dtype=dtype, fill=fill)
 
-    def _marker(self, data: TensorDictBase, name: str, error: str, batch: int) -> torch.Tensor | None:
+    def _marker(self, data: TensorDictBase, name: str, error: TorchRLPhrase, batch: int) -> torch.Tensor | None:
         key = getattr(self, name)
         if key is None:
             return None
         value = data.get(key, None)
         if value is None:
             if self.strict:
-                raise _torchrl_error(error, key=key, name=name)
+                raise error.error(key=key, name=name)
             return None
         if not isinstance(value, torch.Tensor) or value.ndim == 0 or value.shape[0] != batch:
             shape = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__

@@ -15,9 +15,15 @@ from __future__ import annotations
 
 import torch
 
+from torchrl.data.replay_buffers.trajectories.keys import as_tuple, end_keys, trajectory_keys
+from torchrl.data.replay_buffers.trajectories.layout import oldest_first
+
 LAYOUTS = ("flat", "trajectories", "lerobot")
-END_KEYS = (("next", "done"), ("next", "truncated"))
-TRAJ_KEYS = (("episode",), ("collector", "traj_ids"))
+#: The end flag looked for (the first stored): the probe's ``done`` then ``truncated`` (no ``terminated``).
+END_KEYS = end_keys(("done", "truncated"))
+#: The trajectory ids looked for (the first stored), as tuples: the probe's ``"episode"`` first (the name an import
+#: of a LeRobot dataset gives its episodes), no root ``"traj_ids"``.
+TRAJ_KEYS = tuple(as_tuple(key) for key in trajectory_keys(exclude=("traj_ids",), first=("episode",)))
 #: The TED keys LeRobot names differently (other keys keep their "a.b" name; see `lerobot_column`).
 LEROBOT_NAMES = {("observation",): "observation.state", ("pixels",): "observation.image"}
 #: The columns LeRobot derives for every frame, and TorchRL's names of two of them (``"episode"``, ``"frame"``,
@@ -75,10 +81,7 @@ def export_order(storage, layout: str) -> torch.Tensor:
     n = len(storage)
     if layout == "flat" or n == 0:
         return torch.arange(n)
-    last = int(storage.last_written_row)
-    if 0 <= last < n - 1:  # a ring buffer that wrapped: the oldest row follows the newest
-        return torch.cat([torch.arange(last + 1, n), torch.arange(0, last + 1)])
-    return torch.arange(n)
+    return oldest_first(storage, n)  # a ring buffer that wrapped: the oldest row follows the newest
 
 
 def find_key(keys, given, defaults, what: str):

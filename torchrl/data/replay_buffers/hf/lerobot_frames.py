@@ -8,6 +8,7 @@ from torch.utils.data import Dataset
 
 from torchrl.data.replay_buffers.hf.lerobot import is_lerobot_dir
 from torchrl.data.replay_buffers.hf.reader import HFReader
+from torchrl.data.replay_buffers.storages.dataset_storage import register_directory_opener
 
 __all__ = ["LeRobotFrames"]
 
@@ -71,3 +72,12 @@ class LeRobotFrames(Dataset):
 
     def __repr__(self) -> str:
         return f"LeRobotFrames(path={self.path!r}, frames={len(self)})"
+
+
+def open_lerobot_dir(path) -> LeRobotFrames | None:
+    """The frames of ``path`` when it is a LeRobot dataset directory, else ``None``: how
+    :class:`~torchrl.data.DatasetStorage` opens a directory (registered below)."""
+    return LeRobotFrames(path) if is_lerobot_dir(path) else None
+
+
+register_directory_opener(open_lerobot_dir)

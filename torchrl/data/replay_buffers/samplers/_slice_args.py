@@ -15,9 +15,23 @@ from typing import Any
 
 import torch
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_positive_int, is_int
-from torchrl.data.replay_buffers.errors import torchrl_error
-from torchrl.data.replay_buffers.samplers._trajectories import normalize_key
+from torchrl.data.replay_buffers.errors import ValueRuntimeError
+from torchrl.data.replay_buffers.trajectories.keys import normalize_key
+
+SLICE_END_KEYS = TorchRLPhrase(
+    ValueRuntimeError,
+    "exclusive",
+    "end_key and end_keys are mutually exclusive (got end_key={end_key!r}, end_keys={end_keys!r}). Pass one "
+    "key with end_key, or several with end_keys.",
+)
+SLICE_PAD_STRICT = TorchRLPhrase(
+    ValueError,
+    "pad_output=True is incompatible",
+    "pad_output=True is incompatible with strict_length=True: padding keeps short trajectories, strict length "
+    "drops them. Pass strict_length=False to pad, or pad_output=False to drop them.",
+)
 
 
 def normalize_span(span) -> tuple[bool | int, bool | int]:
@@ -59,7 +73,7 @@ def normalize_end_keys(end_key, end_keys) -> tuple[object, tuple | None]:
     if end_keys is None:
         return (None if end_key is None else normalize_key(end_key)), None
     if end_key is not None:
-        raise torchrl_error("slice_end_keys", end_key=end_key, end_keys=end_keys)
+        raise SLICE_END_KEYS.error(end_key=end_key, end_keys=end_keys)
     if isinstance(end_keys, str) or not isinstance(end_keys, (list, tuple)):
         raise TypeError(
             f"`end_keys` must be a list of keys, got {end_keys!r}. Pass e.g. end_keys=[('next', 'done'), "
@@ -159,7 +173,7 @@ class SliceArgs:
         num_slices = check_positive_int("num_slices", num_slices, allow_none=True, type_error=False)
         slice_len = check_positive_int("slice_len", slice_len, allow_none=True, type_error=False)
         if pad_output and strict_length:
-            raise torchrl_error("slice_pad_strict")
+            raise SLICE_PAD_STRICT.error()
         if ends is not None and trajectories is not None:
             raise ValueError("Pass at most one of `ends` and `trajectories`; got both.")
         static = ends if ends is not None else trajectories

@@ -15,19 +15,33 @@ from typing import Any, Literal
 import torch
 from tensordict import NestedKey, TensorDictBase, is_tensorclass
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_bool, check_positive_int
-from torchrl.data.replay_buffers.errors import torchrl_error
-from torchrl.data.replay_buffers.samplers._entries import values_at
 from torchrl.data.replay_buffers.samplers._group_choice import (
     max_variance_columns,
     padded_members,
     ranked_columns,
     take_ranks,
 )
-from torchrl.data.replay_buffers.samplers._trajectories import normalize_key
 from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, check_not_empty
 from torchrl.data.replay_buffers.storages.list import ListStorage
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
+from torchrl.data.replay_buffers.trajectories.columns import values_at
+from torchrl.data.replay_buffers.trajectories.keys import normalize_key
+
+PROMPT_GROUP_LIST_STORAGE = TorchRLPhrase(
+    TypeError,
+    "Plain ListStorage is not supported",
+    "Plain ListStorage is not supported by {cls}: it groups items by a stored entry, which needs a storage "
+    "that returns its items as one TensorDict: a TensorStorage (LazyTensorStorage or LazyMemmapStorage) or a "
+    "LazyStackStorage.",
+)
+PROMPT_GROUP_REWARD = TorchRLPhrase(
+    TypeError,
+    "requires reward_key",
+    "strategy={strategy!r} requires reward_key={key!r} to name a tensor entry, got {got}. Store rewards as "
+    "tensors, or use strategy='random'.",
+)
 
 _STRATEGIES = ("random", "recency", "reward", "variance")
 _WHO = "PromptGroupSampler"
@@ -263,7 +277,7 @@ class PromptGroupSampler(Sampler):
         data = storage.get(slice(0, n))
         if not (isinstance(data, TensorDictBase) or is_tensorclass(data)):
             if isinstance(storage, ListStorage):
-                raise torchrl_error("prompt_group_list_storage", cls=_WHO)
+                raise PROMPT_GROUP_LIST_STORAGE.error(cls=_WHO)
             raise TypeError(
                 f"PromptGroupSampler reads the `group_key` entry of every item at once, which needs a storage that "
                 f"returns its items as one TensorDict (a TensorStorage such as LazyTensorStorage, or a "
@@ -353,7 +367,7 @@ class PromptGroupSampler(Sampler):
                 raise KeyError(self._missing(self.reward_key, "reward_key")) from None
         if not isinstance(values, torch.Tensor):  # e.g. a NonTensorStack of Python numbers or strings
             got = f"non-tensor values ({type(values).__name__})"
-            raise torchrl_error("prompt_group_reward", strategy=self.strategy, key=self.reward_key, got=got)
+            raise PROMPT_GROUP_REWARD.error(strategy=self.strategy, key=self.reward_key, got=got)
         return values.reshape(members.numel(), -1).double().mean(-1).cpu()
 
     def _non_tensor_entry(self, storage, rows: torch.Tensor):

@@ -3,7 +3,7 @@
 A batch of ``batch_size`` steps is made of ``num_slices`` slices of ``slice_len`` consecutive steps, each
 taken from one trajectory and never crossing a trajectory boundary, the ring-buffer wrap (newest data next
 to the oldest) or, for ``ndim=2`` storages, an env column. Trajectories are found from a trajectory-id entry
-or from done flags (see :mod:`._trajectories` for the data model); the sampler then picks trajectories
+or from done flags (see :mod:`torchrl.data.replay_buffers.trajectories` for the data model); the sampler then picks trajectories
 uniformly and a uniform start inside each one.
 """
 
@@ -15,41 +15,54 @@ from typing import Any
 import torch
 from tensordict import NestedKey
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_positive_int
-from torchrl.data.replay_buffers.errors import torchrl_error
-from torchrl.data.replay_buffers.samplers._entries import flags_at
+from torchrl.data.replay_buffers.errors import TypeRuntimeError, ValueRuntimeError
 from torchrl.data.replay_buffers.samplers._slice_args import SliceArgs
 from torchrl.data.replay_buffers.samplers._stable_items import unstable_items_error
-from torchrl.data.replay_buffers.samplers._trajectories import (
-    TrajectoryIndex,
-    as_step_values,
-    find_trajectories,
-    format_lengths,
-    has_key,
-    read_column,
-    ring_layout,
-    sibling_key,
-)
-from torchrl.data.replay_buffers.samplers._trajectory_index import (
-    LiveEligible,
-    LiveTrajectoryIndex,
-    TrajectoryEnds,
-)
-from torchrl.data.replay_buffers.samplers._trajectory_sync import (
-    TrajectorySync,
-    read_ring_range,
-    supports_live_index,
-)
 from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, check_not_empty
 from torchrl.data.replay_buffers.storages.compressed import CompressedListStorage
 from torchrl.data.replay_buffers.storages.list import ListStorage
 from torchrl.data.replay_buffers.storages.stack import LazyStackStorage
+from torchrl.data.replay_buffers.trajectories.columns import (
+    as_step_values,
+    flags_at,
+    has_key,
+    read_column,
+    read_ring_range,
+)
+from torchrl.data.replay_buffers.trajectories.ends import find_trajectories, format_lengths
+from torchrl.data.replay_buffers.trajectories.keys import DONE_KEY, sibling_key, trajectory_keys
+from torchrl.data.replay_buffers.trajectories.layout import TrajectoryIndex, ring_layout
+from torchrl.data.replay_buffers.trajectories.live_index import (
+    LiveEligible,
+    LiveTrajectoryIndex,
+    TrajectoryEnds,
+)
+from torchrl.data.replay_buffers.trajectories.sync import TrajectorySync, supports_live_index
 
-_DONE_KEY = ("next", "done")  # the default end key (the done sibling of the default truncated_key)
 _MASK_KEY = ("collector", "mask")
 _IS_INIT_KEY = "is_init"
-_PROBED_TRAJ_KEYS = (("collector", "traj_ids"), "episode")
+#: The trajectory-id entries probed without `traj_key`: TorchRL's SliceSampler looks for no root "traj_ids".
+_PROBED_TRAJ_KEYS = trajectory_keys(exclude=("traj_ids",))
 _BELOW_ONE = 1.0 - 2.0**-52  # floor(u * n * _BELOW_ONE) < n for every float64 u in [0, 1)
+
+SLICE_DONE_NDIM = TorchRLPhrase(
+    ValueRuntimeError,
+    "Expected the end-of-trajectory signal to be 1-dimensional",
+    "Expected the end-of-trajectory signal to be 1-dimensional once its trailing singleton dims are "
+    "squeezed, got entry {key!r} of shape {shape}: slice samplers need one done flag per step ({per_step}). "
+    "Reduce it to one flag per step first, e.g. data[{key!r}] = data[{key!r}].any(-1, keepdim=True), or pass "
+    "`traj_key`.",
+)
+SLICE_LIST_STORAGE = TorchRLPhrase(
+    TypeRuntimeError,
+    "Could not get a tensordict out of the storage, which is required for SliceSampler to compute the "
+    r"trajectories\.",
+    "Could not get a tensordict out of the storage, which is required for SliceSampler to compute the "
+    "trajectories. {cls} got a {storage}; use a LazyTensorStorage, LazyMemmapStorage or LazyStackStorage of "
+    "TensorDicts.",
+)
 
 
 def _check_end_signal(column, n_rows: int, n_cols: int, key) -> None:
@@ -60,7 +73,7 @@ def _check_end_signal(column, n_rows: int, n_cols: int, key) -> None:
             if n_cols == 1
             else f"[{n_rows}, {n_cols}] or [{n_rows}, {n_cols}, 1]"
         )
-        raise torchrl_error("slice_done_ndim", key=key, shape=list(column.shape), per_step=per_step)
+        raise SLICE_DONE_NDIM.error(key=key, shape=list(column.shape), per_step=per_step)
 
 
 def _check_tensordict_storage(sampler, storage) -> None:
@@ -71,7 +84,7 @@ def _check_tensordict_storage(sampler, storage) -> None:
     if isinstance(storage, ListStorage) and not isinstance(
         storage, (LazyStackStorage, CompressedListStorage)
     ):
-        raise torchrl_error("slice_list_storage", cls=type(sampler).__name__, storage=type(storage).__name__)
+        raise SLICE_LIST_STORAGE.error(cls=type(sampler).__name__, storage=type(storage).__name__)
 
 
 @dataclass
@@ -167,7 +180,7 @@ class SliceSampler(Sampler):
     content, its arguments and the generator, so DataLoader workers can each hold a copy.
 
     On a 1-D tensor storage on the CPU, the trajectory boundaries are an index kept up to date on each write
-    (NOTE [live trajectory index] in ``samplers/_trajectory_index.py``): a write of ``k`` rows at the ring's
+    (NOTE [live trajectory index] in ``trajectories/live_index.py``): a write of ``k`` rows at the ring's
     newest row costs ``O(k)``, wrap-around overwrites included, and a draw does not depend on the number of
     stored rows. The index follows the storage's shared append counters, so writes from any process (the
     parent of DataLoader workers, collectors writing into a shared storage) are caught up in ``O(k)`` too;
@@ -413,7 +426,7 @@ class SliceSampler(Sampler):
         traj = ((self.traj_key,) if self.traj_key is not None else _PROBED_TRAJ_KEYS), False
         end_keys = self.end_keys or ((self.end_key,) if self.end_key is not None else None)
         if end_keys is None:
-            return [traj, ((_DONE_KEY,), True)]
+            return [traj, ((DONE_KEY,), True)]  # the done sibling of the default truncated_key
         if self.traj_key is not None:
             return [traj, (end_keys, True)]
         return [(end_keys, True), traj]
@@ -443,7 +456,7 @@ class SliceSampler(Sampler):
             f"`ends`/`trajectories` tensors (with cache_values=True)."
         )
 
-    # -- the live index: NOTE [live trajectory index] in _trajectory_index.py ---------------------------------------
+    # -- the live index: NOTE [live trajectory index] in trajectories/live_index.py ---------------------------------------
     def _uses_live_index(self) -> bool:
         """Whether draws use the incremental index on storages that support it (subclasses may opt out)."""
         return True
@@ -713,7 +726,7 @@ class SliceSampler(Sampler):
     def mark_update(self, index, *, storage=None) -> None:
         """Called by the buffer after ``index`` was written to ``storage``. The live index needs no notice: it
         reads the storage's append counters at the next draw (NOTE [catching up on appends] in
-        ``samplers/_trajectory_sync.py``), whichever process wrote."""
+        ``trajectories/sync.py``), whichever process wrote."""
         Sampler.mark_update(self, index, storage=storage)  # not super(): subclasses call each base explicitly
 
     def _empty(self) -> None:
@@ -732,7 +745,7 @@ class SliceSampler(Sampler):
 
         ``rebuilds`` counts the times its trajectory index was built from the whole storage (``O(N)``: the first
         draw, then writes that are not appends), ``catch_ups`` the draws that applied the rows written since in
-        ``O(rows written)`` (NOTE [catching up on appends] in ``samplers/_trajectory_sync.py``). Per process: a
+        ``O(rows written)`` (NOTE [catching up on appends] in ``trajectories/sync.py``). Per process: a
         DataLoader worker's copy counts its own. Both ``0`` before the first draw and on storages without the
         live index.
 

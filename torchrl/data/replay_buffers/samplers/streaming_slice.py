@@ -15,14 +15,13 @@ from typing import Any
 import torch
 from tensordict import NestedKey
 
-from torchrl.data.replay_buffers.samplers._entries import flags_at, values_at
 from torchrl.data.replay_buffers.samplers._slice_args import SliceArgs
 from torchrl.data.replay_buffers.samplers._streaming_windows import WindowQueue
-from torchrl.data.replay_buffers.samplers._trajectories import has_key, normalize_key
 from torchrl.data.replay_buffers.samplers.base import check_not_empty
 from torchrl.data.replay_buffers.samplers.slice import SliceSampler, _check_tensordict_storage
+from torchrl.data.replay_buffers.trajectories.columns import flags_at, has_key, values_at
+from torchrl.data.replay_buffers.trajectories.keys import DONE_KEY, normalize_key
 
-_DONE_KEY = ("next", "done")  # the default end key
 _MASK_KEY = ("collector", "mask")
 _SLICE_INIT_KEY = "is_init"  # the key SliceSampler reads and returns its slice-start flags under
 _WHO = "StreamingSliceSampler"
@@ -155,7 +154,7 @@ class StreamingSliceSampler(SliceSampler):
         source, is_done = self._resolve_source(storage)
         if is_done:
             return None, list(source)
-        ends = self.end_keys or ((self.end_key,) if self.end_key is not None else (_DONE_KEY,))
+        ends = self.end_keys or ((self.end_key,) if self.end_key is not None else (DONE_KEY,))
         return source[0], [key for key in ends if has_key(storage, key)]
 
     def _cut_log(self, storage) -> None:

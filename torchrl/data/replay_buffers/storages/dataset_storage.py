@@ -57,21 +57,31 @@ def _check_dataset(dataset) -> int:
     return length
 
 
+#: The openers of dataset directories, tried in order: ``opener(path)`` returns the dataset of a directory it reads,
+#: else ``None``. ``hf/`` registers the LeRobot one (:func:`register_directory_opener`), so that this module
+#: imports nothing from it.
+_DIRECTORY_OPENERS: list = []
+
+
+def register_directory_opener(opener) -> None:
+    """Lets :class:`DatasetStorage` open the directories ``opener(path) -> dataset or None`` reads."""
+    if opener not in _DIRECTORY_OPENERS:
+        _DIRECTORY_OPENERS.append(opener)
+
+
 def _open_directory(dataset):
     """A LeRobot directory (``meta/info.json`` with a ``codebase_version``) as its frames; other values as they are."""
     if not isinstance(dataset, (str, os.PathLike)):
         return dataset
-    from torchrl.data.replay_buffers.hf.lerobot import is_lerobot_dir
-
-    if not is_lerobot_dir(dataset):
-        raise TypeError(
-            f"`dataset` {os.fspath(dataset)!r} is a path, but not a LeRobot dataset directory (meta/info.json with "
-            f"a codebase_version), the only directory a DatasetStorage opens itself. For a `save_to_disk` "
-            f"directory pass `datasets.load_from_disk(path).with_format('torch')`."
-        )
-    from torchrl.data.replay_buffers.hf.lerobot_frames import LeRobotFrames
-
-    return LeRobotFrames(dataset)
+    for opener in _DIRECTORY_OPENERS:
+        opened = opener(dataset)
+        if opened is not None:
+            return opened
+    raise TypeError(
+        f"`dataset` {os.fspath(dataset)!r} is a path, but not a LeRobot dataset directory (meta/info.json with "
+        f"a codebase_version), the only directory a DatasetStorage opens itself. For a `save_to_disk` "
+        f"directory pass `datasets.load_from_disk(path).with_format('torch')`."
+    )
 
 
 def _dataset_name(dataset) -> str:

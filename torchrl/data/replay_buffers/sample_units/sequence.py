@@ -1,23 +1,11 @@
-"""Sample units: what one draw of a sampler stands for. :class:`Transition` (one step) and :class:`Sequence`
-(a window of steps around each drawn step, for recurrent learners).
+"""The :class:`Sequence` sample unit: a window of steps around each drawn step, for recurrent learners.
 
-Contract. A buffer calls, after its sampler and before reading the storage::
-
-    index, info = sampler.sample(storage, batch_size)
-    index, info = sample_unit.expand(index, info, storage)
-    info["index"] = index
-    data = sample_unit.read(storage, index)
-
-``expand`` turns the drawn positions (*anchors*) into the positions to read and may add entries to ``info``;
-``read`` reads them and returns data shaped like the expanded index (:meth:`Storage.get` reads a flat
-batch). A prioritized buffer maps priorities computed on sampled data back to the anchors with
-:meth:`SampleUnit.anchor_priorities`. :func:`check_sample_unit` validates the ``sample_unit=`` argument of a
-buffer.
+Episodes are found with :mod:`torchrl.data.replay_buffers.trajectories` (ring layout, the one episode-end finder,
+the live index on 1-D CPU tensor storages).
 """
 
 from __future__ import annotations
 
-import abc
 import weakref
 from typing import Literal
 
@@ -25,84 +13,36 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
-from torchrl.data.replay_buffers.errors import torchrl_error
-from torchrl.data.replay_buffers.samplers._trajectories import (
-    TrajectoryIndex,
-    as_step_values,
-    find_trajectories,
-    has_key,
-    normalize_key,
-    read_column,
-    ring_layout,
-)
-from torchrl.data.replay_buffers.samplers._trajectory_sync import (
-    TrajectorySync,
-    read_ring_range,
-    supports_live_index,
-)
+from torchrl._phrases import TorchRLPhrase
+from torchrl.data.replay_buffers.sample_units.base import SampleUnit
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
+from torchrl.data.replay_buffers.trajectories.columns import (
+    as_step_values,
+    has_key,
+    read_column,
+    read_ring_range,
+)
+from torchrl.data.replay_buffers.trajectories.ends import find_trajectories
+from torchrl.data.replay_buffers.trajectories.keys import normalize_key
+from torchrl.data.replay_buffers.trajectories.layout import TrajectoryIndex, ring_layout
+from torchrl.data.replay_buffers.trajectories.sync import TrajectorySync, supports_live_index
 
-__all__ = ["SampleUnit", "Transition", "Sequence"]
+__all__ = ["Sequence"]
 
 _BOUNDARIES = ("pad", "stop", "include_reset")
 _NO_POSITIONS = torch.zeros(0, dtype=torch.long)
 
-
-class SampleUnit(abc.ABC):
-    """Base class of sample units: turns the positions a sampler drew into the positions a buffer reads.
-
-    Subclasses implement :meth:`expand`; :meth:`read` and :meth:`anchor_priorities` have defaults for units
-    that read one item per drawn position.
-    """
-
-    @abc.abstractmethod
-    def expand(self, index, info: dict, storage) -> tuple:
-        """Returns ``(index, info)``: the positions to read for the drawn ``index`` and the updated info."""
-
-    def read(self, storage, index):
-        """Reads ``index`` (as returned by :meth:`expand`) from ``storage``."""
-        return storage.get(index)
-
-    def anchor_priorities(self, data: TensorDictBase, priority: torch.Tensor, *, index_key="index"):
-        """Returns ``(index, priority)`` to give a prioritized sampler for sampled ``data``: one per item."""
-        return data.get(index_key), priority
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
-
-class Transition(SampleUnit):
-    """One step per draw: the sampler's index is read as is (the default of every buffer).
-
-    Examples:
-        >>> import torch
-        >>> from torchrl.data.replay_buffers.sample_units import Transition
-        >>> Transition().expand(torch.tensor([3, 1]), {}, storage=None)
-        (tensor([3, 1]), {})
-    """
-
-    def expand(self, index, info: dict, storage) -> tuple:
-        return index, info
-
-
-def check_sample_unit(sample_unit) -> SampleUnit | None:
-    """Validates the ``sample_unit=`` argument of a buffer: ``None`` or a :class:`SampleUnit` instance.
-
-    Returns ``None`` for ``None`` and for :class:`Transition` (nothing to do on the sample path).
-    """
-    if sample_unit is None:
-        return None
-    if isinstance(sample_unit, type) and issubclass(sample_unit, SampleUnit):
-        raise TypeError(
-            f"`sample_unit` must be an instance, got the class {sample_unit.__name__}: pass "
-            f"{sample_unit.__name__}(...)."
-        )
-    if not isinstance(sample_unit, SampleUnit):
-        raise TypeError(
-            f"`sample_unit` must be a SampleUnit (Transition() or Sequence(length)), got "
-            f"{type(sample_unit).__name__}: {sample_unit!r}."
-        )
-    return None if type(sample_unit) is Transition else sample_unit
+SEQUENCE_PLAIN_TENSOR = TorchRLPhrase(
+    TypeError,
+    "TensorDict",
+    "Sequence reads its done flags ({key!r}) from a TensorDict storage; this storage holds {got}. Store "
+    "TensorDicts with a done entry, or pass done_key=None to treat the written span as one trajectory.",
+)
+SEQUENCE_LIST_STORAGE = TorchRLPhrase(
+    TypeError,
+    "TensorStorage",
+    "Sequence reads done flags from a TensorStorage (LazyTensorStorage or LazyMemmapStorage), got {storage}.",
+)
 
 
 def _check_int(name: str, value, minimum: int) -> int:
@@ -283,8 +223,7 @@ class Sequence(SampleUnit):
             layout = TrajectoryIndex(
                 starts=_NO_POSITIONS, lengths=_NO_POSITIONS, n_rows=live.n_rows, n_cols=1, offset=live.offset, ndim=1
             )
-            row = parts[0].remainder(live.n_rows)
-            anchor = row if live.offset == 0 else (row - live.offset).remainder(live.n_rows)
+            anchor = layout.flat_positions(parts[0].remainder(live.n_rows))
             start, last = live.locate(anchor.numpy())
             return layout, anchor, torch.from_numpy(start), torch.from_numpy(last)
         episodes = self._episodes(storage)
@@ -292,8 +231,7 @@ class Sequence(SampleUnit):
         n, n_cols = episodes.n_rows, episodes.n_cols
         row = parts[0].to(device).remainder(n)
         col = parts[1].to(device).remainder(n_cols) if len(parts) > 1 else torch.zeros_like(row)
-        unrolled = row if episodes.offset == 0 else (row - episodes.offset).remainder(n)
-        anchor = col * n + unrolled  # flat position (see samplers/_trajectories.py)
+        anchor = episodes.flat_positions(row, col)
         which = torch.searchsorted(episodes.starts, anchor, right=True) - 1
         start = episodes.starts[which]
         last = start + episodes.lengths[which] - 1
@@ -306,7 +244,7 @@ class Sequence(SampleUnit):
         item = storage.get(torch.zeros(1, dtype=torch.long))
         if not (isinstance(item, TensorDictBase) or is_tensorclass(item)):
             got = "plain tensors" if isinstance(item, torch.Tensor) else f"{type(item).__name__} items"
-            raise torchrl_error("sequence_plain_tensor", key=self.done_key, got=got)
+            raise SEQUENCE_PLAIN_TENSOR.error(key=self.done_key, got=got)
         raise KeyError(
             f"Sequence finds episodes with the done flags {self.done_key!r}, which the storage does not hold: "
             f"pass `done_key` naming the stored done entry (or done_key=None: the written span is one trajectory)."
@@ -314,7 +252,7 @@ class Sequence(SampleUnit):
 
     def _check_storage(self, storage) -> None:
         if not isinstance(storage, TensorStorage):
-            raise torchrl_error("sequence_list_storage", storage=type(storage).__name__)
+            raise SEQUENCE_LIST_STORAGE.error(storage=type(storage).__name__)
         if storage.ndim > 2:
             raise ValueError(
                 f"Sequence handles storages with ndim=1 or 2 ([time, envs]), got ndim={storage.ndim}."

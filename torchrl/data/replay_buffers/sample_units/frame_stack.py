@@ -3,7 +3,7 @@
 Data model. The storage holds one frame per step (e.g. ``"pixels"``: ``[C, H, W]``) and an episode signal per
 step: a trajectory id (``traj_key``) or a done flag (``end_key``, set on an episode's last step). The sampler
 draws ``B`` anchors (the steps ``t`` whose stacks are returned); :meth:`FrameStack.expand` turns each into the
-``k`` rows of ``t-k+1 .. t`` in ring order (see :mod:`._trajectories`), where the slots before ``t``'s episode
+``k`` rows of ``t-k+1 .. t`` in ring order (see :mod:`torchrl.data.replay_buffers.trajectories.layout`), where the slots before ``t``'s episode
 start are clamped to that start. The episode start is found from the signal of those ``k`` rows only (``O(B k)``,
 no scan of the storage, no cache), and a window never reaches across the write seam: the oldest row of a full
 ring (or row 0 of one that is not full) starts the stored history. Clamped slots repeat a row, so
@@ -19,15 +19,18 @@ import torch
 from tensordict import NestedKey, TensorDictBase
 
 from torchrl._validation import check_positive_int, is_real
-from torchrl.data.replay_buffers.sample_units import SampleUnit
-from torchrl.data.replay_buffers.samplers._trajectories import normalize_key, read_column, ring_layout
+from torchrl.data.replay_buffers.sample_units.base import SampleUnit
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
+from torchrl.data.replay_buffers.trajectories.columns import read_column
+from torchrl.data.replay_buffers.trajectories.keys import DONE_KEY, normalize_key, trajectory_keys
+from torchrl.data.replay_buffers.trajectories.layout import ring_layout
 
 __all__ = ["FrameStack"]
 
 _PADDINGS = ("same", "constant")
-_PROBED_TRAJ_KEYS = (("collector", "traj_ids"), "episode")
-_DONE_KEY = ("next", "done")
+#: The trajectory-id entries probed without `traj_key`/`end_key` (then DONE_KEY): the slice samplers' probe, no root
+#: "traj_ids".
+_PROBED_TRAJ_KEYS = trajectory_keys(exclude=("traj_ids",))
 
 
 def _next_key(key) -> tuple:
@@ -92,7 +95,7 @@ class FrameStack(SampleUnit):
         >>> import torch
         >>> from tensordict import TensorDict
         >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-        >>> from torchrl.data.replay_buffers.samplers.frame_stack import FrameStack
+        >>> from torchrl.data.replay_buffers.sample_units import FrameStack
         >>> rb = ReplayBuffer(storage=LazyTensorStorage(100), sample_unit=FrameStack(4, traj_key="episode"))
         >>> steps = torch.arange(30)  # 3 episodes of 10 steps; frame value = step
         >>> _ = rb.extend(TensorDict(pixels=steps.view(30, 1, 1, 1).expand(30, 1, 2, 2).to(torch.uint8),
@@ -158,7 +161,7 @@ class FrameStack(SampleUnit):
         elif self.end_key is not None:
             candidates = [(self.end_key, True)]
         else:
-            candidates = [(k, False) for k in _PROBED_TRAJ_KEYS] + [(_DONE_KEY, True)]
+            candidates = [(k, False) for k in _PROBED_TRAJ_KEYS] + [(DONE_KEY, True)]
         for key, is_done in candidates:
             column = storage.get_entry(key)
             if column is not None:

@@ -1,4 +1,4 @@
-"""Keeping a :class:`~._trajectory_index.TrajectoryEnds` in step with the storage it indexes: :class:`TrajectorySync`.
+"""Keeping a :class:`~.live_index.TrajectoryEnds` in step with the storage it indexes: :class:`TrajectorySync`.
 
 NOTE [catching up on appends]: the index follows the storage through its counters
 (:meth:`TensorStorage.append_state`: ``revision``, ``appended`` rows, ``append_break``), which live in shared
@@ -27,42 +27,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from torchrl.data.replay_buffers.samplers._entries import values_at
-from torchrl.data.replay_buffers.samplers._trajectories import find_trajectories, ring_layout
-from torchrl.data.replay_buffers.samplers._trajectory_index import TrajectoryEnds
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
-
-
-def read_ring_range(storage, keys, is_done: bool, start: int, k: int, *, who: str) -> np.ndarray:
-    """The done flags (OR-ed over ``keys``, bool) or the trajectory ids (``keys[0]``) of the ``k`` rows
-    ``start, start + 1, ...`` (modulo the capacity) of a tensor storage, as a 1-D numpy array.
-
-    A CPU column is read through a numpy view (a slice, or two when the range wraps); other dtypes go through
-    :func:`._entries.values_at`.
-    """
-    capacity = int(storage.max_size)
-    out = None
-    for key in keys if is_done else keys[:1]:
-        column = storage.get_entry(key)
-        try:
-            array = None if column is None else column.numpy()
-        except TypeError:  # a dtype numpy lacks (bfloat16, ...): read through torch
-            array = None
-        if array is None:
-            rows = torch.arange(start, start + k).remainder_(capacity)
-            values = values_at(storage, key, rows, who=who).reshape(k, -1)
-            values = values != 0 if is_done and values.dtype != torch.bool else values
-            array = values.numpy() if values.dtype in (torch.bool, torch.int64) else values.double().numpy()
-        elif start + k <= capacity:
-            array = array[start : start + k].reshape(k, -1)
-        else:
-            array = np.concatenate([array[start:], array[: start + k - capacity]]).reshape(k, -1)
-        if not is_done:
-            return array[:, 0]
-        flags = array if array.dtype == np.bool_ else array != 0
-        flags = flags[:, 0] if flags.shape[1] == 1 else flags.any(-1)
-        out = flags if out is None else out | flags
-    return out
+from torchrl.data.replay_buffers.trajectories.ends import find_trajectories
+from torchrl.data.replay_buffers.trajectories.layout import ring_layout
+from torchrl.data.replay_buffers.trajectories.live_index import TrajectoryEnds
 
 
 def supports_live_index(storage) -> bool:

@@ -3,7 +3,7 @@
 NOTE [live trajectory index]
 Every row appended after the newest one gets the next *time* ``t`` (0, 1, 2, ... in write order). A storage
 of ``n`` filled rows holds the times ``[first, total)`` with ``first = total - n``, and the row at unrolled
-position ``u`` (see :mod:`._trajectories`) holds time ``first + u``. A trajectory is a run of times that ends at
+position ``u`` (see :mod:`.layout`) holds time ``first + u``. A trajectory is a run of times that ends at
 an entry of ``ends`` (sorted, inclusive) and starts one after the previous entry (``first`` for the oldest one),
 so the index is the sorted list of ends and nothing per row. Each trajectory ever indexed has a *serial*
 number (its position in ``ends`` plus a base that moves when the buffer is compacted), which never changes while
@@ -14,7 +14,7 @@ new rows are pushed at the back (the newest trajectory is extended when the new 
 older than ``first`` are popped at the front (the rows overwritten); the oldest trajectory left is cut to start
 at ``first``. Only the oldest trajectory (cut) and the newest one (grown) change length, so the trajectories
 long enough for a slice (``length >= need``) are kept as a deque of serials per ``need``, updated at its two
-ends. The boundaries are those :func:`._trajectories.find_trajectories` finds from scratch for the same content
+ends. The boundaries are those :func:`.ends.find_trajectories` finds from scratch for the same content
 (tested against it).
 
 Memory: 8 bytes per trajectory for ``ends`` and 8 per trajectory of each eligible deque, in buffers at most twice
@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from torchrl.data.replay_buffers.samplers._trajectories import TrajectoryIndex
+from torchrl.data.replay_buffers.trajectories.layout import TrajectoryIndex
 
 _MIN_SIZE = 16
 
@@ -325,7 +325,7 @@ class LiveEligible:
 
 
 class LiveTrajectoryIndex:
-    """A :class:`~._trajectories.TrajectoryIndex` view of a :class:`TrajectoryEnds`: the same layout and position
+    """A :class:`~.layout.TrajectoryIndex` view of a :class:`TrajectoryEnds`: the same layout and position
     maps; ``starts``/``lengths`` (every trajectory, ``O(T)``) are built on first access only.
 
     Args:
