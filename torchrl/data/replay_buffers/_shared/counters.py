@@ -40,7 +40,12 @@ class SharedCounters:
         False
     """
 
-    __slots__ = ("_names", "_pos", "_tensor", "_array", "_cells", "_shared")
+    #: ``is_shared`` (bool): whether the counters live in shared memory; ``values``: the counters as a numpy
+    #: int64 view of their memory; ``cells``: the same memory as a memoryview whose int64 items read and write as
+    #: Python ints, the cheapest access for hot paths. Both in the order of the names, for hot paths that update
+    #: several at once (the caller orders concurrent updates); new views after :meth:`share_memory_`. Plain
+    #: attributes: reading them runs no code.
+    __slots__ = ("_names", "_pos", "_tensor", "values", "cells", "is_shared")
 
     def __init__(self, names: tuple[str, ...], *, shared: bool = False):
         self._names = tuple(names)
@@ -52,42 +57,24 @@ class SharedCounters:
         self._tensor = tensor
         # a numpy view of the same memory: reads and writes cost ~0.1 us instead of a tensor op's ~3 us; and a
         # memoryview of it, whose items read and write as Python ints without a numpy scalar in between
-        self._array = tensor.numpy()
-        self._cells = memoryview(self._array)
-        self._shared = tensor.is_shared()
-
-    @property
-    def is_shared(self) -> bool:
-        """Whether the counters live in shared memory."""
-        return self._shared
+        self.values = tensor.numpy()
+        self.cells = memoryview(self.values)
+        self.is_shared = tensor.is_shared()
 
     def share_memory_(self) -> SharedCounters:
         """Moves the counters to shared memory (in place; a no-op when they already are)."""
-        if not self._shared:
+        if not self.is_shared:
             self._attach(self._tensor.clone().share_memory_())
         return self
 
     def __getitem__(self, name: str) -> int:
-        return self._cells[self._pos[name]]
+        return self.cells[self._pos[name]]
 
     def __setitem__(self, name: str, value: int) -> None:
-        self._cells[self._pos[name]] = int(value)
+        self.cells[self._pos[name]] = int(value)
 
     def as_dict(self) -> dict[str, int]:
-        return dict(zip(self._names, self._cells.tolist()))
-
-    @property
-    def values(self):
-        """The counters as a numpy int64 view of their memory, in the order of the names (for hot paths that
-        update several at once; the caller orders concurrent updates). A new view after :meth:`share_memory_`."""
-        return self._array
-
-    @property
-    def cells(self) -> memoryview:
-        """The counters as a memoryview of their memory (int64 items, read and written as Python ints), in
-        the order of the names: the cheapest access for hot paths (the caller orders concurrent updates). A
-        new view after :meth:`share_memory_`."""
-        return self._cells
+        return dict(zip(self._names, self.cells.tolist()))
 
     def position(self, name: str) -> int:
         """The index of counter ``name`` in :attr:`values`."""
@@ -98,11 +85,11 @@ class SharedCounters:
             self[name] = value
 
     def __getstate__(self):
-        if self._shared:
+        if self.is_shared:
             return {"names": self._names, "tensor": self._tensor}
         # by value: torch's multiprocessing reducer would move a private tensor to shared memory in place,
         # behind the numpy view, and make a forked-style private copy silently shared
-        return {"names": self._names, "values": self._array.tolist()}
+        return {"names": self._names, "values": self.values.tolist()}
 
     def __setstate__(self, state):
         self._names = tuple(state["names"])

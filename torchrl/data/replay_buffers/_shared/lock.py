@@ -26,6 +26,7 @@ the first lock made by each process also runs.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import multiprocessing.reduction
@@ -46,22 +47,25 @@ from torchrl.data.replay_buffers._shared.cleanup import (
 __all__ = ["NULL_LOCK", "ProcessLock", "cleanup_stale_lock_files"]
 
 
-class _NullLock:
-    """The write lock of a storage that no other process writes: a no-op context manager."""
+class _NullLock(contextlib.nullcontext):
+    """The write lock of a storage that no other process writes: a no-op context manager.
 
-    __slots__ = ()
+    A :class:`contextlib.nullcontext` (its ``with`` returns the lock itself), so a reader following a write does
+    not open this file for a lock that does nothing. One instance, :data:`NULL_LOCK`, which copies (pickle,
+    ``deepcopy``) resolve to.
+    """
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
+    def __init__(self) -> None:
+        super().__init__(self)
 
     def acquire(self, blocking: bool = True) -> bool:
         return True
 
     def release(self) -> None:
         return None
+
+    def __reduce__(self):
+        return "NULL_LOCK"
 
     def __repr__(self) -> str:
         return "NULL_LOCK"

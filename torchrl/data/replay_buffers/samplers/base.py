@@ -45,9 +45,22 @@ import numpy as np
 import torch
 
 import torchrl.data.replay_buffers._checkpoint.parts as _parts
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_bool, check_positive_int, is_int
 from torchrl.data.replay_buffers.component import Component
-from torchrl.data.replay_buffers.errors import CheckpointError, torchrl_error
+from torchrl.data.replay_buffers.errors import CheckpointError
+
+PRIORITIZED_WITHOUT_REPLACEMENT = TorchRLPhrase(
+    TypeError,
+    "no without-replacement variant",
+    "{cls} has no without-replacement variant (got replacement={replacement!r}): its draws are always with "
+    "replacement. Drop the argument, or use a sampler without replacement ({choices}).",
+)
+CONSUMED_EMPTY = TorchRLPhrase(
+    RuntimeError,
+    "Cannot sample from an empty storage",
+    "Cannot sample from an empty storage: {why}.",
+)
 
 _INT64_MAX = torch.iinfo(torch.int64).max
 
@@ -127,8 +140,8 @@ def _replacement_target(cls: type, replacement) -> type:
     target = _REPLACEMENT_DISPATCH.get(cls)
     if target is None:
         choices = " or ".join(sorted(without.__name__ for without in _REPLACEMENT_DISPATCH.values()))
-        raise torchrl_error(
-            "prioritized_without_replacement", cls=cls.__name__, replacement=replacement, choices=choices
+        raise PRIORITIZED_WITHOUT_REPLACEMENT.error(
+            cls=cls.__name__, replacement=replacement, choices=choices
         )
     return target
 
@@ -389,6 +402,8 @@ class Sampler(Component, metaclass=_SamplerMeta):
 
 def check_batch_size(batch_size) -> int:
     """Validates a sampling ``batch_size`` (a positive int)."""
+    if type(batch_size) is int and batch_size > 0:  # the common case, without a call (run per batch)
+        return batch_size
     return check_positive_int(
         "batch_size", batch_size, type_error=False, hint="Pass it to sample() or to the buffer."
     )
@@ -398,7 +413,7 @@ def check_not_empty(storage) -> int:
     """``len(storage)``; a ``RuntimeError`` that says to write data first when it is ``0``."""
     n = len(storage)
     if n == 0:
-        raise torchrl_error("consumed_empty", why="add data first (rb.add / rb.extend)")
+        raise CONSUMED_EMPTY.error(why="add data first (rb.add / rb.extend)")
     return n
 
 

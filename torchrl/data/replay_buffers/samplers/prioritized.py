@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from torchrl._files import write_file_atomically
+from torchrl._phrases import TorchRLPhrase
 from torchrl.data.replay_buffers._shared.arrays import SharedArray, StateGuard
-from torchrl.data.replay_buffers.errors import torchrl_warning
 from torchrl.data.replay_buffers.samplers._priorities import (
     REDUCTIONS,
     SCHEMA_VERSION,
@@ -61,6 +61,13 @@ from torchrl.data.replay_buffers.samplers.segment_tree import (
     draw_with_min,
     update_sum_and_min,
     write_priorities,
+)
+
+ALPHA_LEAVES_ZERO = TorchRLPhrase(
+    UserWarning,
+    "away from 0",
+    "alpha moves away from 0 (to {alpha!r}) while the sampler holds priorities: they were stored as 1.0 "
+    "under alpha=0 and stay 1.0 until their next update_priority().",
 )
 
 __all__ = ["PrioritizedSampler", "REDUCTIONS", "check_priorities", "reduce_priority"]
@@ -322,7 +329,7 @@ class PrioritizedSampler(Sampler):
         if self._alpha == 0:
             # as TorchRL: the priorities written so far were stored as (p + eps) ** 0 = 1 and keep that value
             if self._written_end > 0 and not np.isnan(self._priority[: self._written_end]).all():
-                torchrl_warning("alpha_leaves_zero", alpha=value, stacklevel=4)
+                ALPHA_LEAVES_ZERO.warn(alpha=value, stacklevel=4)
             self._alpha = value
             return
         self._alpha = value
@@ -761,16 +768,18 @@ class PrioritizedSampler(Sampler):
     # -- internals ------------------------------------------------------------------------------------------
     def _write(self, flat: np.ndarray, raw: np.ndarray, end: int) -> None:
         """Stores raw priorities at unique in-range positions (all ``< end``) and their transforms."""
-        if end > self._written_end:
-            self._written_end = end
+        scalars = self._scalar_array  # (_written_end, read and set without the property: a hot path)
+        if end > scalars[_WRITTEN_END]:
+            scalars[_WRITTEN_END] = end
         self._priority[flat] = raw
         update_sum_and_min(self._sum_tree, self._min_tree, flat, self._expressed(raw))
 
     def _expressed(self, raw: np.ndarray) -> np.ndarray:
         """``(raw + eps) ** alpha`` at the precision of the leaves: float64 for ``dtype=torch.float64``, else
         rounded to float32 (clamped to its largest finite value), as TorchRL's float32 trees store it."""
-        q = raw + self._eps
-        np.power(q, self._alpha, out=q)
+        scalars = self._scalar_array  # (_eps and _alpha, read without the properties: a hot path)
+        q = raw + float(scalars[_EPS])
+        np.power(q, float(scalars[_ALPHA]), out=q)
         if self._dtype is torch.float64:
             return q
         np.minimum(q, _FLOAT32_MAX, out=q)

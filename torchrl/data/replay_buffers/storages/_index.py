@@ -123,30 +123,3 @@ def layout_index(index: tuple, ndim: int, dim_extend: int) -> tuple[tuple, int |
             f"unambiguous layout. Index with one tensor and slices, or read rb[:] and index the result."
         )
     return backing, sum(kept[:dim_extend])
-
-
-def appended_run(rows, last_row: int, capacity: int) -> int:
-    """``n`` when ``rows`` (an int or a 1-D CPU index) are the ``n`` rows after ``last_row``, in order
-    (``0 < n < capacity``, wrapping around a ring of ``capacity`` rows), else ``0``.
-
-    A storage calls it before its counters move, to count appends (see NOTE [catching up on appends] in
-    ``samplers/_trajectory_sync.py``).
-
-    Examples:
-        >>> import torch
-        >>> appended_run(torch.tensor([8, 9, 0]), last_row=7, capacity=10), appended_run(torch.tensor([0, 2]), 9, 10)
-        (3, 0)
-    """
-    start = (last_row + 1) % capacity
-    if isinstance(rows, int):
-        return 1 if rows == start and capacity > 1 else 0
-    n = rows.numel()
-    if not 0 < n < capacity or rows.ndim != 1 or rows.device.type != "cpu":
-        return 0
-    values = rows.numpy()
-    if values[0] != start or values[-1] != (start + n - 1) % capacity:
-        return 0
-    expected = np.arange(start, start + n, dtype=values.dtype)
-    if start + n > capacity:
-        expected %= capacity
-    return n if values.tobytes() == expected.tobytes() else 0  # ~10x faster than np.array_equal

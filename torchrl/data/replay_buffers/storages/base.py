@@ -18,7 +18,8 @@ What readers other than ``get`` use (slice samplers finding trajectories): :meth
 caches key on) and, on tensor storages, :meth:`TensorStorage.get_entry` (one entry over all rows, no copy).
 A ring-buffer subclass that wraps overrides the first three.
 
-Writers call :meth:`Storage.mark_update` after each write, which forwards the written index to every
+Writers store a write with :meth:`Storage.write_rows` (``set`` plus the slot generations) and then call
+:meth:`Storage.mark_update`, which forwards the written index to every
 attached entity (the buffers that use the storage; they forward it to their sampler). When a storage moves to
 shared memory (:meth:`share_memory_`), it calls ``entity.share_memory_()`` on each attached entity, so a buffer
 shares its writer's cursor from the same moment.
@@ -107,15 +108,12 @@ class Storage(Component):
         return bool(((item >= -n) & (item < n)).all()) if item.numel() else True
 
     # -- sharing with other processes ---------------------------------------------------------------------------
-    @property
-    def is_shared(self) -> bool:
-        """Whether other processes holding a copy of this storage see its writes (``False`` here)."""
-        return False
-
-    @property
-    def write_lock(self):
-        """The context manager a writer holds around a write: a no-op for storages that are never shared."""
-        return NULL_LOCK
+    #: Whether other processes holding a copy of this storage see its writes (``False`` here). A plain attribute
+    #: (reading it runs no code), set by storages that can be shared.
+    is_shared: bool = False
+    #: The context manager a writer holds around a write: a no-op for storages that are never shared. A plain
+    #: attribute, set by storages that can be shared.
+    write_lock = NULL_LOCK
 
     def check_write(self, data, n: int) -> CheckedWrite | None:
         """Validates a batch of ``n`` items for a later :meth:`set`, without the write lock.
@@ -145,8 +143,57 @@ class Storage(Component):
         for entity in self._attached_entities:
             entity.mark_update(index)
 
-    # -- slot generations (kept here so every writer of the storage bumps the same counts; see writers/base.py) -
+    def write_rows(self, rows, data, *, counted=None, track_generations: bool = False, set_cursor: bool = True):
+        """A writer's write: :meth:`set` ``data`` at ``rows``, then count it in :meth:`slot_generations`.
+
+        The call a writer makes once it chose the rows (it then moves its cursor and calls :meth:`mark_update`):
+        the write is checked before anything is stored, so a refused write raises here and counts nothing.
+
+        Args:
+            rows: where ``data`` goes, as :meth:`set` takes it (an int or a 1-D index).
+            data: the data, or what :meth:`check_write` returned for it.
+
+        Keyword Args:
+            counted: the rows whose generation gains one per time they appear (a ring write larger than the
+                storage lists a row several times). Defaults to ``rows``.
+            track_generations (bool): allocate the generations if the storage does not keep them yet (a writer
+                built with ``track_generations=True``). Defaults to ``False``.
+            set_cursor (bool): see :meth:`set`. Defaults to ``True``.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage
+            >>> storage = LazyTensorStorage(4)
+            >>> storage.write_rows(torch.arange(2), torch.zeros(2), track_generations=True)
+            >>> storage.slot_generations().tolist()
+            [0, 0, -1, -1]
+        """
+        self.set(rows, data, set_cursor=set_cursor)
+        if track_generations or self._slot_generations is not None:
+            self.bump_generations(rows if counted is None else counted, allocate=track_generations)
+
+    # -- slot generations (kept here so every writer of the storage bumps the same counts) ----------------------
+    # NOTE [slot generations]: the write count of each storage row lives on the storage (``slot_generations``),
+    # allocated once a writer built with ``track_generations=True`` uses it. Every writer of that storage bumps it,
+    # tracking or not: a write adds 1 per time a row is written (a row written 3 times by one ``extend`` gains 3),
+    # ``empty()`` adds 1 to every row written. So a buffer's handles go stale when another buffer (or another
+    # writer) overwrites rows of a storage they share.
     _slot_generations: torch.Tensor | None = None
+
+    def bump_generations(self, written, rows: int | None = None, *, allocate: bool = False) -> None:
+        """Adds one to the generation of each row of ``written`` (repetitions count), if the storage keeps
+        generations for its ``rows`` rows (defaults to the rows it cycles over); ``allocate`` makes it keep them
+        (NOTE [slot generations])."""
+        if rows is None:
+            rows = self._max_size_along_dim0()
+        generations = self.slot_generations(rows if allocate else None)
+        if generations is None or generations.numel() != rows:
+            return
+        written = torch.as_tensor(written, dtype=torch.long).reshape(-1)
+        if written.numel() == 1:
+            generations[int(written)] += 1
+        else:
+            generations.index_add_(0, written, torch.ones_like(written))
 
     def slot_generations(self, rows: int | None = None) -> torch.Tensor | None:
         """The write count ("generation") of each row, ``-1`` for a row never written: one ``[rows]`` int64

@@ -13,12 +13,19 @@ import weakref
 import torch
 from tensordict import TensorDictBase
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_bool, check_positive_int
 from torchrl.data.replay_buffers._shared.cleanup import make_scratch_dir, remove_owned_path
 from torchrl.data.replay_buffers._shared.row_versions import RowVersions
-from torchrl.data.replay_buffers.errors import torchrl_warning
 from torchrl.data.replay_buffers.storages._shared_init import SharedInit
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
+
+SHARED_INIT_DEVICE = TorchRLPhrase(
+    UserWarning,
+    "cannot be honored",
+    "shared_init=True with device={device!r} cannot be honored: shared memory lives on the CPU. The storage "
+    "is allocated on the CPU, and samples come back on the CPU.",
+)
 
 
 class LazyTensorStorage(TensorStorage):
@@ -103,6 +110,6 @@ class LazyTensorStorage(TensorStorage):
             return super()._allocate(item, rows)
         if self.device not in (None, "auto") and self.device.type != "cpu":
             # as in TorchRL, the first write says so (and the storage's device becomes the CPU)
-            torchrl_warning("shared_init_device", device=str(self.device), stacklevel=6)
+            SHARED_INIT_DEVICE.warn(stacklevel=6, device=str(self.device))
             self.device = torch.device("cpu")
         return item.expand(rows, *item.batch_size).memmap_like(prefix=state.directory, existsok=True)

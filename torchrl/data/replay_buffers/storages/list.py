@@ -15,14 +15,23 @@ import torch.utils._pytree as pytree
 from tensordict import TensorDictBase, is_tensorclass
 
 import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
+from torchrl._phrases import TorchRLPhrase
 from torchrl.data.replay_buffers._checkpoint.parts import PartContext
 from torchrl.data.replay_buffers._shared.counters import is_spawning
 from torchrl.data.replay_buffers.checkpointers import ListStorageCheckpointer
-from torchrl.data.replay_buffers.errors import IndexRuntimeError, torchrl_error
+from torchrl.data.replay_buffers.errors import IndexRuntimeError
 from torchrl.data.replay_buffers.storages._index import as_index_tensor, check_bounds, check_int, is_int
 from torchrl.data.replay_buffers.storages.base import Storage
 
 _UNBOUNDED = torch.iinfo(torch.int64).max
+
+STORAGE_SPAWN_LIST = TorchRLPhrase(
+    RuntimeError,
+    "Cannot share a storage of type",
+    "Cannot share a storage of type {cls} between processes. It lives in one process's memory and cannot be "
+    "shared with a spawned process. Use LazyTensorStorage or LazyMemmapStorage (shared with workers), or use "
+    "the 'fork' start method (workers then see a snapshot), or num_workers=0.",
+)
 
 
 def _split_batch(data, n: int) -> list:
@@ -162,5 +171,5 @@ class ListStorage(Storage):
 
     def __getstate__(self):
         if is_spawning():
-            raise torchrl_error("storage_spawn_list", cls=type(self).__name__)
+            raise STORAGE_SPAWN_LIST.error(cls=type(self).__name__)
         return super().__getstate__()

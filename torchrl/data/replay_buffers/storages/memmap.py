@@ -21,6 +21,7 @@ import torch
 from tensordict import TensorDictBase
 
 import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_bool
 from torchrl.data.replay_buffers._shared.cleanup import (
     make_scratch_dir,
@@ -29,9 +30,16 @@ from torchrl.data.replay_buffers._shared.cleanup import (
     unregister_owned_path,
 )
 from torchrl.data.replay_buffers._shared.counters import is_spawning
-from torchrl.data.replay_buffers.errors import FileExistsRuntimeError, torchrl_error
+from torchrl.data.replay_buffers.errors import FileExistsRuntimeError
 from torchrl.data.replay_buffers.storages._registry import register_memmap_storage
 from torchrl.data.replay_buffers.storages.lazy_tensor import LazyTensorStorage
+
+STORAGE_SPAWN_UNINITIALIZED = TorchRLPhrase(
+    RuntimeError,
+    "it has not been initialized yet",
+    "{cls} cannot be shared with a spawned process: it has not been initialized yet, so each process would "
+    "allocate its own memory. Write one batch before starting processes, or build it with shared_init=True.",
+)
 
 
 class LazyMemmapStorage(LazyTensorStorage):
@@ -224,7 +232,7 @@ class LazyMemmapStorage(LazyTensorStorage):
 
     def __getstate__(self):
         if is_spawning() and not self.shared_init and not self.initialized:
-            raise torchrl_error("storage_spawn_uninitialized", cls=type(self).__name__)
+            raise STORAGE_SPAWN_UNINITIALIZED.error(cls=type(self).__name__)
         state = super().__getstate__()
         state["_owns_dir"] = False
         return state

@@ -5,9 +5,9 @@ Data model: whatever the user writes (tensor, TensorDict, tensorclass, pytree) i
 ``ndim > 1``); see :mod:`._codec`. The number of filled rows, the last written row and a write revision live
 in shared memory (:class:`~torchrl.data.replay_buffers._shared.counters.SharedCounters`).
 
-- Writes are encoded and checked against the stored entries (keys, shapes, dtype casts) before any leaf is
-  touched. Partial writes and new keys follow :mod:`._keys`; string entries follow :mod:`._nontensor` (a
-  private storage widens an entry too narrow for a new string; a shared one refuses the write).
+- A write is checked in one pass before any leaf is touched: items, the reserved key, the cursor, string
+  entries, keys, shapes and dtype casts (NOTE [one pass checks a write] in :mod:`._write_check`); then its
+  leaves are copied (one ``index_copy_`` per leaf for a batch) and the counters move.
 - Reads of an index batch are one ``index_select`` per leaf (no Python loop over items, no advanced indexing,
   which is ~20x slower on uint8 frames). With row versions (a storage shared between processes,
   ``consistent_reads``), a gather that a write overlapped reads the rows that write stamped again; see
@@ -33,9 +33,7 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_tensor_collection, lazy_stack
 
 import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
-import torchrl.data.replay_buffers.storages._items as _items
-import torchrl.data.replay_buffers.storages._keys as _keys
-import torchrl.data.replay_buffers.storages._nontensor as _nt
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_bool, check_positive_int
 from torchrl.data.replay_buffers._checkpoint.format import read_checkpoint
 from torchrl.data.replay_buffers._checkpoint.io import advise_private_tensors
@@ -44,16 +42,22 @@ from torchrl.data.replay_buffers._shared.counters import SharedCounters, is_spaw
 from torchrl.data.replay_buffers._shared.lock import NULL_LOCK, ProcessLock
 from torchrl.data.replay_buffers._shared.row_versions import RowVersions
 from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer
-from torchrl.data.replay_buffers.errors import CheckpointError, torchrl_error
-from torchrl.data.replay_buffers.storages._casts import check_cast
+from torchrl.data.replay_buffers.errors import CheckpointError
 from torchrl.data.replay_buffers.storages._codec import DataCodec
 from torchrl.data.replay_buffers.storages._index import (
-    appended_run,
     as_index_tensor,
     check_bounds,
     check_int,
     is_int,
     layout_index,
+)
+from torchrl.data.replay_buffers.storages._nontensor import string_widths
+from torchrl.data.replay_buffers.storages._write_check import (
+    WriteCheck,
+    as_batch,
+    cells_index,
+    check_reserved,
+    is_ragged_stack,
 )
 from torchrl.data.replay_buffers.storages.base import CheckedWrite, Storage, _check_max_size
 
@@ -62,6 +66,34 @@ from torchrl.data.replay_buffers.storages.base import CheckedWrite, Storage, _ch
 # written by appends (writes continuing the ring after its newest row); append_break: the last revision made
 # by anything else (see append_state)
 _COUNTERS = ("rows", "last_row", "revision", "written", "appended", "append_break")
+# their positions in SharedCounters.cells, which the write path reads and writes directly
+_ROWS, _LAST_ROW, _REVISION, _WRITTEN, _APPENDED, _APPEND_BREAK = range(len(_COUNTERS))
+
+STORAGE_NONE = TorchRLPhrase(
+    ValueError,
+    "Expected storage to be non-null",
+    "Expected storage to be non-null: TensorStorage(storage=None). Pass a tensor, a TensorDict or a "
+    "tensorclass to wrap, or use LazyTensorStorage(max_size) to allocate on the first write.",
+)
+STORAGE_MAX_SIZE = TorchRLPhrase(
+    ValueError,
+    "The max-size and the storage shape mismatch",
+    "The max-size and the storage shape mismatch: max_size={max_size} but the storage holds {rows} rows along "
+    "its first dim. Pass max_size={rows}, or leave it out.",
+)
+STORAGE_PYTREE_STATE_DICT = TorchRLPhrase(
+    TypeError,
+    "are not supported by",
+    "Pytree contents are not supported by {cls}.state_dict() (which holds tensors, TensorDicts and "
+    "tensorclasses); got {got}. Save it with storage.dumps(path) or rb.dumps(path), or store TensorDicts.",
+)
+STORAGE_FILL_UNINITIALIZED = TorchRLPhrase(
+    RuntimeError,
+    "Cannot fill a non-initialized pytree-based TensorStorage",
+    "Cannot fill a non-initialized pytree-based TensorStorage: the checkpoint holds {got}, and {cls}.loads "
+    "(and its checkpointer's loads) fills a storage that already holds data of that layout. Write one item "
+    "first, then load; or load the whole buffer with rb.loads(path), which rebuilds the layout.",
+)
 
 
 class TensorStorage(Storage):
@@ -117,21 +149,22 @@ class TensorStorage(Storage):
         self.ndim = check_positive_int("ndim", ndim, type_error=False)
         self.consistent_reads = check_bool("consistent_reads", consistent_reads)
         self._lock: ProcessLock | None = None
+        self.write_lock = NULL_LOCK  # see the write_lock attribute's docs below
         self._versions: RowVersions | None = None
         self._creator_pid = os.getpid()
         self.device = torch.device(device) if device not in (None, "auto") else device
         if storage is None and max_size is None:
-            raise torchrl_error("storage_none")
+            raise STORAGE_NONE.error()
         self._counters = SharedCounters(_COUNTERS)
         self._counters["last_row"] = -1
+        self.is_shared = False
         self._storage: TensorDictBase | None = None
         self._share_on_init = False
         self._codec: DataCodec | None = None
-        self._keys: list = []
-        self._key_set: set = set()
+        self._check: WriteCheck | None = None  # built with the backing (see _use_codec)
         self._extra_shape = torch.Size([])
         if storage is not None:
-            _keys.check_reserved(storage)
+            check_reserved(storage)
             codec = DataCodec.for_data(storage)
             backing = codec.encode(storage, batch_dims=self.ndim)
             if backing.batch_dims < self.ndim:
@@ -141,7 +174,7 @@ class TensorStorage(Storage):
                 )
             inferred = backing.batch_size.numel() if self.ndim > 1 else backing.batch_size[0]
             if max_size is not None and _check_max_size(max_size) != inferred:
-                raise torchrl_error("storage_max_size", max_size=max_size, rows=inferred)
+                raise STORAGE_MAX_SIZE.error(max_size=max_size, rows=inferred)
             super().__init__(inferred, compilable=self._compilable)
             self._adopt(backing, codec)
             # a preallocated storage holds a dataset: every row counts as filled
@@ -169,8 +202,6 @@ class TensorStorage(Storage):
         if self._counters.is_shared and backing.device.type == "cpu" and self._versions is None:
             self._versions = RowVersions(backing.batch_size[0])
         self._storage = backing
-        self._keys = list(backing.keys(include_nested=True, leaves_only=True))
-        self._key_set = set(self._keys)
         self._use_codec(codec)
         self._extra_shape = backing.batch_size[1 : self.ndim]
         self.max_size = backing.batch_size[: self.ndim].numel()
@@ -184,10 +215,14 @@ class TensorStorage(Storage):
             state.publish(self._storage, self._codec)
 
     def _use_codec(self, codec: DataCodec) -> None:
-        """Installs ``codec``, with the string entries of the backing and the storage's string width."""
-        codec.strings = _nt.string_widths(self._storage) if self._storage is not None else {}
+        """Installs ``codec``, with the string entries of the backing and the storage's string width, and the
+        check of writes into the backing."""
+        backing = self._storage
+        codec.strings = string_widths(backing) if backing is not None else {}
         codec.fixed_width = self.max_string_bytes
         self._codec = codec
+        if backing is not None:
+            self._check = WriteCheck(backing, codec, self.ndim, self._counters)
 
     def _sync_shared_init(self, wait: bool = False) -> None:
         """Maps the files that another process allocated at the first write of a ``shared_init`` storage."""
@@ -209,7 +244,7 @@ class TensorStorage(Storage):
         skipped by an index) reads as zero in every storage, never as uninitialised memory. A lazy stack of
         members of different shapes (``item.get(key)`` ragged) gets a lazy stack of one backing per member.
         """
-        if _items.is_ragged_stack(item):
+        if is_ragged_stack(item):
             members = [self._allocate(member, rows) for member in item.tensordicts]
             return lazy_stack(members, dim=item.stack_dim + 1)
         device = item.device if self.device in (None, "auto") else self.device
@@ -258,16 +293,16 @@ class TensorStorage(Storage):
             raise RuntimeError("The storage is not initialized: pass the data to size its rows.")
         skip = 0 if single_data is not None else 1
         td = DataCodec.for_data(data).encode(data, batch_dims=0)
-        extra = _items.leading_shape(td)[skip : skip + self.ndim - 1]
+        extra = _leading_shape(td)[skip : skip + self.ndim - 1]
         return -(-self.max_size // max(1, math.prod(extra)))
 
     def rows_written(self) -> int:
-        return self._counters["rows"]
+        return self._counters.cells[_ROWS]
 
     def _readable_rows(self) -> int:
         """The rows that hold data: those counted in ``len()``, and rows ``set(..., set_cursor=False)`` wrote."""
-        counters = self._counters
-        return max(counters["rows"], counters["written"])
+        cells = self._counters.cells
+        return max(cells[_ROWS], cells[_WRITTEN])
 
     @property
     def last_written_row(self) -> int:
@@ -330,20 +365,16 @@ class TensorStorage(Storage):
         return self._storage.get(key, None)
 
     def __len__(self) -> int:
-        rows = self._counters["rows"]
+        rows = self._counters.cells[_ROWS]
         return rows * math.prod(self._extra_shape) if self.ndim > 1 else rows
 
     # -- writes -------------------------------------------------------------------------------------------------
-    @property
-    def write_lock(self):
-        """The lock that serializes writes from every thread and process sharing this storage.
-
-        A :class:`~torchrl.data.replay_buffers._shared.lock.ProcessLock` once the storage is shared (memory-mapped
-        storages always are), a no-op context manager before. :meth:`set` takes it; buffers hold it around a
-        whole write (writer cursor, storage rows, counters, sampler update).
-        """
-        lock = self._lock
-        return NULL_LOCK if lock is None else lock
+    #: The lock that serializes writes from every thread and process sharing this storage: a
+    #: :class:`~torchrl.data.replay_buffers._shared.lock.ProcessLock` once the storage is shared (memory-mapped
+    #: storages always are), ``NULL_LOCK`` (a no-op context manager) before. :meth:`set` takes it; buffers hold it
+    #: around a whole write (writer cursor, storage rows, counters, sampler update). A plain attribute, set with
+    #: :attr:`is_shared` (reading either runs no code).
+    write_lock = NULL_LOCK
 
     def set(self, cursor, data, *, set_cursor: bool = True) -> None:
         """Writes ``data`` at ``cursor`` (an int for one item, an index for a batch) of the allocated rows.
@@ -373,129 +404,101 @@ class TensorStorage(Storage):
         self._locked_write(index, value, False, filled_only=True)
 
     def _locked_write(self, cursor, data, set_cursor: bool, filled_only: bool) -> None:
-        data = _items.as_batch(data)  # a list of items is a batch; a lazy stack of ragged items is refused
-        _keys.check_reserved(data)
         lock = self._lock
         if lock is None:
             return self._write(cursor, data, set_cursor, filled_only)
+        if isinstance(data, list):  # a list of items is stacked before the lock, which stays short
+            data = as_batch(data)
         with lock:
             return self._write(cursor, data, set_cursor, filled_only)
 
     def check_write(self, data, n: int) -> CheckedWrite | None:
-        if self._storage is None or self.ndim > 1 or isinstance(self._storage, LazyStackedTensorDict):
+        check = self._check
+        if check is None or self.ndim > 1 or check.members:
             return None
-        data = _items.as_batch(data)
-        _keys.check_reserved(data)
-        td, keys = self._encode_checked(data, batch=(n,))
         # a write of other keys than the stored ones may grow the backing: checked again under the lock
-        return None if keys is None else CheckedWrite(data, td, self._keys)
+        return check.prepare(data, n)
 
     def _write(self, cursor, data, set_cursor: bool, filled_only: bool = False) -> None:
-        checked = None
-        if isinstance(data, CheckedWrite):
-            checked = data if data.layout is self._keys else None  # re-checked if the layout changed since
-            data = data.data
-        single = is_int(cursor)
-        if self._storage is None and self.shared_init_state is not None:
-            self._init_shared(data, single)
-        elif self._storage is None:
-            if self._lock is not None and os.getpid() != self._creator_pid:
-                raise RuntimeError(
-                    f"This {type(self).__name__} is shared between processes but holds no data yet, and its first "
-                    f"write comes from process {os.getpid()}, not from the one that shared it: each process would "
-                    f"allocate its own tensors. Write a first batch (rb.extend) in the process that builds the "
-                    f"buffer before starting the other processes."
-                )
-            self._init(data, batched=not single)
+        """One write, under the write lock: checked in one pass (NOTE [one pass checks a write] in
+        ``_write_check.py``), copied, then counted."""
+        if self._storage is None:
+            data = self._first_write(cursor, data)
+        cells = self._counters.cells
+        readable = max(cells[_ROWS], cells[_WRITTEN])  # rows holding data, set_cursor=False writes included
+        capacity = self._storage.batch_size[0]
         # item assignment may only overwrite rows holding data; set() may write any allocated row
-        rows = self._readable_rows() if filled_only else self._storage.batch_size[0]
-        if isinstance(cursor, slice):
-            cursor = range(*cursor.indices(rows))
-        if isinstance(self._storage, LazyStackedTensorDict):
-            top, last, wrote = self._write_members(cursor, data, single, rows)
-        elif single:
-            cursor = check_int(cursor, rows, "cursor")
-            td, keys = self._encode_checked(data, batch=())
-            keys = keys if keys is not None else self._grow(td, self.ndim - 1)
-            versions = self._versions
+        rows = readable if filled_only else capacity
+        # appends (see append_state) are counted only by writes that move the newest row
+        last_row = cells[_LAST_ROW] if set_cursor else None
+        index, td, keys, appended = self._check(cursor, data, rows, readable, last_row)
+        backing = self._storage
+        versions = self._versions
+        if isinstance(index, int):  # one item
             if versions is not None:
-                versions.begin(cursor)
-            for key in keys:
-                self._storage.get(key)[cursor].copy_(td.get(key), non_blocking=False)
-            if versions is not None:
-                versions.end()
-            top = last = wrote = int(cursor)
-        elif isinstance(cursor, tuple):
-            cursor = self._cells_index(cursor, rows)
-            td = self._codec.encode(data, batch_dims=0)
-            versions = self._versions
-            if versions is not None:
-                versions.begin(np.unique(torch.arange(rows)[cursor[0]].reshape(-1).numpy()))
-            self._storage[cursor] = td
-            if versions is not None:
-                versions.end()
-            top = last = -1  # cells of rows that hold data: no bookkeeping
-            wrote = None
-        else:
-            masks = (self._readable_rows(), self._storage.batch_size[0])
-            index = as_index_tensor(cursor, device=self._storage.device, mask_sizes=masks)
-            index = check_bounds(index, rows, "cursor")
-            if checked is not None and checked.encoded.batch_size[:1] == index.shape:
-                td, keys = checked.encoded, self._keys
+                versions.begin(index)
+            if keys is None:
+                backing[index] = td
             else:
-                td, keys = self._encode_checked(data, batch=(index.numel(),))
-            keys = keys if keys is not None else self._grow(td, self.ndim)
-            versions = self._versions
+                for key in keys:
+                    backing.get(key)[index].copy_(td.get(key), non_blocking=False)
+            top = last = index
+        elif isinstance(index, tuple):  # cells of rows that hold data: no bookkeeping
             if versions is not None:
-                written = index.numpy()
-                versions.begin(written)
-            for key in keys:
-                dst = self._storage.get(key)
-                src = td.get(key)
-                if src.dtype != dst.dtype or src.device != dst.device:
-                    src = src.to(device=dst.device, dtype=dst.dtype)
-                dst.index_copy_(0, index, src)
+                versions.begin(np.unique(torch.arange(rows)[index[0]].reshape(-1).numpy()))
+            backing[index] = td
+            top = last = -1
+        else:
             if versions is not None:
-                versions.end()
+                versions.begin(index.numpy())
+            if keys is None:
+                backing[index] = td
+            else:
+                for key in keys:
+                    dst = backing.get(key)
+                    src = td.get(key)
+                    if src.dtype != dst.dtype or src.device != dst.device:
+                        src = src.to(device=dst.device, dtype=dst.dtype)
+                    dst.index_copy_(0, index, src)
             # the last row written is the newest (a wrapped write [8, 9, 0, 1] ends at row 1)
             top, last = (int(index.max()), int(index[-1])) if index.numel() else (-1, -1)
-            wrote = index
-        counters = self._counters
-        appended = (
-            appended_run(wrote, self._counters["last_row"], self._storage.batch_size[0])
-            if set_cursor and wrote is not None
-            else 0
-        )
-        if set_cursor:  # set_cursor=False skips the length and newest-row bookkeeping
-            if top + 1 > counters["rows"]:
-                counters["rows"] = top + 1
+        if versions is not None:
+            versions.end()
+        # the counters, as _bump_revision publishes them (revision last); set_cursor=False skips the length and
+        # newest-row bookkeeping
+        if set_cursor:
+            if top >= cells[_ROWS]:
+                cells[_ROWS] = top + 1
             if last >= 0:
-                counters["last_row"] = last
-        if top + 1 > counters["written"]:
-            counters["written"] = top + 1
-        self._bump_revision(appended)
+                cells[_LAST_ROW] = last
+        if top >= cells[_WRITTEN]:
+            cells[_WRITTEN] = top + 1
+        if appended:
+            cells[_APPENDED] += appended
+        else:
+            cells[_APPEND_BREAK] = cells[_REVISION] + 1
+        cells[_REVISION] += 1
         if self.shared_init_state is not None:
             self._publish_shared_init()
 
-    def _cells_index(self, cursor: tuple, rows: int) -> tuple:
-        """``cursor`` (one entry per dim, ndim > 1) with its rows entry checked against the ``rows`` writable."""
-        if (
-            not cursor
-            or len(cursor) > self._storage.batch_dims
-            or any(c is None or c is Ellipsis for c in cursor)
-        ):
-            raise IndexError(
-                f"Cannot write cells at {cursor!r}: pass one entry per dim of the storage's grid (an int, a slice "
-                f"or an index tensor each), at most {self.ndim}."
+    def _first_write(self, cursor, data):
+        """Allocates the backing for the first write (or maps the one another process allocated, for a
+        ``shared_init`` storage); returns ``data`` as one batch."""
+        data = as_batch(data)  # a list of items is a batch; a lazy stack of ragged items is refused
+        check_reserved(data)
+        single = is_int(cursor)
+        if self.shared_init_state is not None:
+            self._init_shared(data, single)
+            return data
+        if self._lock is not None and os.getpid() != self._creator_pid:
+            raise RuntimeError(
+                f"This {type(self).__name__} is shared between processes but holds no data yet, and its first "
+                f"write comes from process {os.getpid()}, not from the one that shared it: each process would "
+                f"allocate its own tensors. Write a first batch (rb.extend) in the process that builds the "
+                f"buffer before starting the other processes."
             )
-        first = cursor[0]
-        if is_int(first):
-            first = check_int(first, rows, "cursor")
-        elif isinstance(first, slice) and (first.step is None or first.step > 0):
-            first = slice(*first.indices(rows))
-        else:
-            first = check_bounds(as_index_tensor(first, device=self._storage.device), rows, "cursor")
-        return (first, *cursor[1:])
+        self._init(data, batched=not single)
+        return data
 
     def get_in_layout(self, index, dim_extend: int = 0):
         """Reads ``index`` given in the layout of the data ``extend`` receives (see
@@ -518,7 +521,7 @@ class TensorStorage(Storage):
         out = self.get(backing_index)
         if not position:
             return out
-        return self._codec.decode(_items.move_dim(self._codec.encode(out, batch_dims=0), 0, position))
+        return self._codec.decode(_move_dim(self._codec.encode(out, batch_dims=0), 0, position))
 
     def set_in_layout(self, index, value, dim_extend: int = 0) -> None:
         """Writes ``value`` at ``index``, both in the layout of the data ``extend`` receives (see
@@ -543,14 +546,14 @@ class TensorStorage(Storage):
         backing_index, position = layout_index(index, self.ndim, dim_extend)
         if position:
             grid = torch.empty((self._readable_rows(), *backing.batch_size[1 : self.ndim]), device="meta")
-            target = list(grid[self._cells_index(backing_index, grid.shape[0])].shape)
+            target = list(grid[cells_index(backing_index, grid.shape[0], backing, self.ndim)].shape)
             target.insert(position, target.pop(0))  # the cells selected, in the caller's layout
-            td = self._codec.encode(_items.as_batch(value), batch_dims=0)
+            td = self._codec.encode(as_batch(value), batch_dims=0)
             shapes = {
                 key if isinstance(key, tuple) else (key,): torch.Size([*target, *leaf.shape[self.ndim :]])
                 for key, leaf in backing.items(include_nested=True, leaves_only=True)
             }
-            td = _items.move_dim(_items.broadcast_leaves(td, shapes, target), position, 0)
+            td = _move_dim(_broadcast_leaves(td, shapes, target), position, 0)
             value = self._codec.decode(td)
         elif is_tensor_collection(value):  # no transpose: a TensorDict of fewer batch dims broadcasts
             cells = backing[backing_index].batch_size
@@ -558,118 +561,12 @@ class TensorStorage(Storage):
                 value = value.expand(cells)
         self[backing_index] = value
 
-    def _write_members(self, cursor, data, single: bool, rows: int) -> tuple[int, int, Any]:
-        """A write into a backing that is a lazy stack (items holding members of different shapes): checked
-        member by member against the backing's members, then written by each member. Returns (top, last, rows written)."""
-        if single:
-            index, batch = check_int(cursor, rows, "cursor"), ()
-        else:
-            masks = (self._readable_rows(), self._storage.batch_size[0])
-            index = as_index_tensor(cursor, device=self._storage.device, mask_sizes=masks)
-            index = check_bounds(index, rows, "cursor")
-            batch = (index.numel(),)
-        td = self._codec.encode(data, batch_dims=len(batch))
-        _items.check_member_write(self._storage, td, batch)
-        versions = self._versions
-        if versions is not None:
-            versions.begin(index if single else index.numpy())
-        self._storage[index] = td
-        if versions is not None:
-            versions.end()
-        if single:
-            return index, index, index
-        return (*((int(index.max()), int(index[-1])) if index.numel() else (-1, -1)), index)
-
     def _init_shared(self, data, single: bool) -> None:
         """The first write of a ``shared_init`` storage in this process (under the write lock): maps the files
         another process allocated, or allocates and publishes them."""
         self._sync_shared_init()
         if self._storage is None:
             self._init(data, batched=not single)
-
-    def _check_entries(self, td: TensorDictBase, batch: tuple, expected_batch: torch.Size, keys: list):
-        for key in keys:
-            src = td.get(key)
-            dst = self._storage.get(key)
-            want = expected_batch + dst.shape[self.ndim :]
-            if src.shape != want:
-                raise ValueError(
-                    f"Entry {key!r} of the data written has shape {list(src.shape)}; the storage expects "
-                    f"{list(want)} ({'one item' if not batch else f'{batch[0]} items'} of shape "
-                    f"{list(dst.shape[1:])}). Nothing was written."
-                )
-            if src.dtype != dst.dtype:  # refuse casts that would change values (7.9 or NaN into int64)
-                what = (
-                    "The data written"
-                    if self._codec.kind == "tensor"
-                    else f"Entry {key!r} of the data written"
-                )
-                check_cast(src, dst.dtype, what)
-        return td
-
-    def _encode_checked(self, data, batch: tuple[int, ...]) -> tuple[TensorDictBase, list | None]:
-        """Encodes ``data`` and checks its keys, shapes and values against the backing before anything is
-        written: a value the cast to the stored dtype would change (see :func:`._casts.check_cast`) is refused.
-        Returns the encoded data and the keys to copy: the stored keys, or ``None`` for a TensorDict write of
-        other keys (a subset, or new ones: :meth:`_grow` adds them at write time)."""
-        if _items.is_ragged_stack(data):
-            raise ValueError(
-                "Cannot write a lazy stack whose members differ in shape into this storage: its first write "
-                "stored items of one shape (dense entries). Write items of that shape, or give such lazy stacks "
-                "a storage of their own (its first write sets that layout), or a LazyStackStorage."
-            )
-        batch_dims = len(batch) + self.ndim - 1
-        try:
-            td = self._codec.encode(data, batch_dims=batch_dims)
-        except _nt.StringTooLong as err:
-            td = self._encode_wider(data, batch_dims, err)
-        except TypeError as err:
-            raise TypeError(f"Cannot write this data into the storage: {err}") from None
-        given = td.keys(include_nested=True, leaves_only=True)
-        keys = set(given)
-        expected = torch.Size([*batch, *self._extra_shape])
-        if self._codec.kind == "tensordict" and keys != self._key_set:  # only the entries written (see _keys)
-            shared = self._counters.is_shared
-            td, updated = _keys.partial_write(self._storage, self._keys, td, expected, shared, self.ndim)
-            return self._check_entries(td, batch, expected, updated), None
-        if keys != self._key_set:
-            missing = sorted(map(str, set(self._keys) - keys))
-            extra = sorted(map(str, keys - set(self._keys)))
-            raise ValueError(
-                f"The data written does not have the structure of the stored data: missing keys {missing}, "
-                f"unexpected keys {extra}. Write data with the keys of the first write, or empty() the buffer "
-                f"and use a new storage for data of another structure."
-            )
-        return self._check_entries(td, batch, expected, self._keys), self._keys
-
-    def _grow(self, td: TensorDictBase, lead: int) -> list:
-        """The keys a validated write of other keys copies, after adding the new entries it brings."""
-        keys, grown = _keys.add_entries(self._storage, self._keys, td, lead, self.ndim)
-        if grown:  # a new list: a write checked against the old layout is checked again
-            self._keys = list(self._storage.keys(include_nested=True, leaves_only=True))
-            self._key_set = set(self._keys)
-            self._codec.strings = _nt.string_widths(self._storage)
-        return keys
-
-    def _encode_wider(self, data, batch_dims: int, err: _nt.StringTooLong) -> TensorDictBase:
-        """Encodes ``data`` after widening the string entries too narrow for it, on a private storage."""
-        while True:
-            fixed = self.max_string_bytes is not None
-            if (
-                fixed
-                or err.key not in self._codec.strings
-                or not _keys.can_grow(self._storage, self.is_shared)
-            ):
-                raise _nt.StringTooLong(err.key, err.needed, err.width, fixed) from None
-            _nt.widen(self._storage, err.key, err.needed)
-            self._codec.strings = _nt.string_widths(self._storage)
-            self._keys = list(
-                self._keys
-            )  # a new list: a write checked against the old width is checked again
-            try:
-                return self._codec.encode(data, batch_dims=batch_dims)
-            except _nt.StringTooLong as again:
-                err = again
 
     # -- reads --------------------------------------------------------------------------------------------------
     def get(self, index):
@@ -685,7 +582,22 @@ class TensorStorage(Storage):
             raise RuntimeError(
                 "Cannot read from an uninitialized storage: write data first (rb.extend / rb.add)."
             )
-        rows = self._readable_rows()
+        cells = self._counters.cells
+        rows = max(cells[_ROWS], cells[_WRITTEN])  # the rows holding data (see _readable_rows)
+        backing = self._storage
+        if (
+            type(index) is torch.Tensor
+            and index.ndim == 1
+            and index.dtype is torch.long
+            and index.device == backing.device
+        ):  # a sampler's draw, the common case: what as_index_tensor and check_bounds do below, inline
+            if index.numel():
+                lo, hi = index.aminmax()
+                if int(lo) < 0 or int(hi) >= rows:
+                    index = check_bounds(index, rows)  # raises, or maps negative positions
+            if self._versions is not None and self.consistent_reads:
+                return self._gather_consistent(backing, index, index.numpy())
+            return self._gather(backing, index)
         if isinstance(index, tuple):
             if len(index) == 1:
                 index = index[0]
@@ -779,10 +691,9 @@ class TensorStorage(Storage):
         return super().contains(item)
 
     # -- sharing with other processes ---------------------------------------------------------------------------
-    @property
-    def is_shared(self) -> bool:
-        """Whether the content and counters are shared with other processes (see :meth:`share_memory_`)."""
-        return self._counters.is_shared
+    #: Whether the content and counters are shared with other processes (see :meth:`share_memory_`); a plain
+    #: attribute, set with :attr:`write_lock`.
+    is_shared: bool = False
 
     def share_memory_(self) -> TensorStorage:
         """Moves the backing and the counters to shared memory (in place), so other processes see later writes.
@@ -818,7 +729,8 @@ class TensorStorage(Storage):
         if self._counters.is_shared and self._lock is not None:
             return
         self._counters.share_memory_()
-        self._lock = ProcessLock()
+        self._lock = self.write_lock = ProcessLock()
+        self.is_shared = True
         self._creator_pid = os.getpid()
         if self._storage is not None and self._storage.device.type == "cpu" and self._versions is None:
             self._versions = RowVersions(self._storage.batch_size[0])
@@ -846,9 +758,7 @@ class TensorStorage(Storage):
         """
         self.initialized  # noqa: B018 (maps the files of a shared_init storage written by another process)
         if self._codec is not None and self._codec.kind == "pytree":
-            raise torchrl_error(
-                "storage_pytree_state_dict", cls=type(self).__name__, got="a pytree of tensors"
-            )
+            raise STORAGE_PYTREE_STATE_DICT.error(cls=type(self).__name__, got="a pytree of tensors")
         return {
             "_storage": None if self._storage is None else self._storage.clone(),
             "_codec": None if self._codec is None else self._codec.to_json(),
@@ -938,7 +848,7 @@ class TensorStorage(Storage):
         kind = codec.get("kind") if isinstance(codec, dict) else None
         if kind in ("tensor", "pytree"):
             got = "a tensor" if kind == "tensor" else "a pytree of tensors"
-            raise torchrl_error("storage_fill_uninitialized", got=got, cls=type(self).__name__)
+            raise STORAGE_FILL_UNINITIALIZED.error(got=got, cls=type(self).__name__)
 
     def _codec_for_load(self, desc: dict, warn: bool = True) -> DataCodec:
         """The codec of saved data described by ``desc``: the storage's own for its tensorclass (one that cannot
@@ -1009,7 +919,49 @@ class TensorStorage(Storage):
         if not self._counters.is_shared:  # a copy by value (pickle, torch.save): private from now on
             self._lock = None
             self._versions = None
+        self.is_shared = self._counters.is_shared
+        self.write_lock = NULL_LOCK if self._lock is None else self._lock
 
     def __repr__(self) -> str:
         fields = "uninitialized" if self._storage is None else f"shape={list(self.shape)}"
         return f"{type(self).__name__}(max_size={self.max_size}, len={len(self)}, {fields}, device={self.device})"
+
+
+def _leading_shape(td: TensorDictBase) -> torch.Size:
+    """The batch size of ``td``, or the shape of its first leaf when the batch size is empty."""
+    if td.batch_dims:
+        return td.batch_size
+    for value in td.values(include_nested=True, leaves_only=True):
+        return value.shape
+    return torch.Size([])
+
+
+def _move_dim(td: TensorDictBase, src: int, dst: int) -> TensorDictBase:
+    """``td`` with batch dim ``src`` of every leaf moved to ``dst`` (its batch size permuted alike when it
+    covers both dims, else cleared)."""
+    if src == dst:
+        return td
+    batch = list(td.batch_size)
+    if len(batch) > max(src, dst):
+        batch.insert(dst, batch.pop(src))
+    else:
+        batch = []
+    return td.apply(lambda t: t.movedim(src, dst), batch_size=batch)
+
+
+def _broadcast_leaves(td: TensorDictBase, shapes: dict, batch) -> TensorDictBase:
+    """``td`` with each leaf ``key`` broadcast to ``shapes[key]`` (``ValueError`` naming the key if it cannot)."""
+    out = TensorDict(batch_size=batch, device=td.device)
+    for key, leaf in td.items(include_nested=True, leaves_only=True):
+        want = shapes.get(key if isinstance(key, tuple) else (key,))
+        if want is None:
+            out.set(key, leaf)
+            continue
+        try:
+            out.set(key, leaf.expand(want))
+        except RuntimeError:
+            raise ValueError(
+                f"Entry {key!r} of the value assigned has shape {list(leaf.shape)}, which does not broadcast to "
+                f"the {list(want)} cells selected. Nothing was written."
+            ) from None
+    return out

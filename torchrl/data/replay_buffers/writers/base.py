@@ -1,7 +1,8 @@
 """The writer contract.
 
 A writer decides where new data goes in a storage: ``add(item) -> index`` and ``extend(batch) -> index``
-write through ``storage.set`` and then call ``storage.mark_update(index)``, which tells every buffer
+write through ``storage.write_rows`` (``set`` plus the slot generations) and then call
+``storage.mark_update(index)``, which tells every buffer
 attached to the storage (and through it, its sampler) what was written. A write is validated by the storage
 before anything is stored, and a writer only moves its cursor after the storage accepted the data, so a bad
 write leaves both unchanged.
@@ -13,13 +14,14 @@ import abc
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
-from tensordict import TensorDictBase, is_tensorclass
 
 from torchrl.data.replay_buffers._checkpoint.parts import PartContext, check_state_counters
 from torchrl.data.replay_buffers._checkpoint.validate import check_int_field
 from torchrl.data.replay_buffers._shared.counters import SharedCounters
 from torchrl.data.replay_buffers.component import Component
+
+# the positions of the writer's counters in ``SharedCounters.cells`` (see Writer._init_counters)
+CURSOR, WRITE_COUNT = 0, 1
 
 
 class Writer(Component):
@@ -53,7 +55,8 @@ class Writer(Component):
         return data
 
     def _init_counters(self) -> None:
-        """Gives the writer a cursor and a write count, both ``0`` (see :attr:`cursor`, :attr:`write_count`)."""
+        """Gives the writer a cursor and a write count, both ``0`` (see :attr:`cursor`, :attr:`write_count`), at
+        the positions ``CURSOR`` and ``WRITE_COUNT`` of ``self._counters.cells``."""
         self._counters = SharedCounters(("cursor", "write_count"))
 
     @property
@@ -79,25 +82,15 @@ class Writer(Component):
         rows = _rows_of(index, 1 if self._storage is None else self._storage.ndim)
         return torch.full(rows.shape, -1, dtype=torch.long)
 
-    # NOTE [slot generations]: the write count of each storage row lives on the storage
-    # (``Storage.slot_generations``), allocated once a writer built with ``track_generations=True`` uses it. Every
-    # writer of that storage bumps it, tracking or not: a write adds 1 per time a row is written (a row written
-    # 3 times by one ``extend`` gains 3), ``empty()`` adds 1 to every row written. So a buffer's handles go
-    # stale when another buffer (or another writer) overwrites rows of a storage they share.
+    # NOTE [slot generations] in storages/base.py: the write counts live on the storage, bumped by every writer.
     def _bump_generations(self, storage, rows: int, written) -> None:
         """Adds one to the generation of each row of ``written`` (repetitions count), if the storage keeps
         generations (allocating them for a writer that tracks generations)."""
-        generations = storage.slot_generations(rows if self.tracks_generations else None)
-        if generations is None or generations.numel() != rows:
-            return
-        written = torch.as_tensor(written, dtype=torch.long).reshape(-1)
-        if written.numel() == 1:
-            generations[int(written)] += 1
-        else:
-            generations.index_add_(0, written, torch.ones_like(written))
+        storage.bump_generations(written, rows, allocate=self.tracks_generations)
 
     def _bump_written_generations(self) -> None:
-        """``empty()``: adds one to the generation of every row written so far (see NOTE [slot generations])."""
+        """``empty()``: adds one to the generation of every row written so far (see NOTE [slot generations] in
+        storages/base.py)."""
         storage = self._storage
         generations = None if storage is None else storage.slot_generations()
         if generations is not None:
@@ -184,34 +177,6 @@ class Writer(Component):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
-
-
-def batch_len(data) -> int:
-    """The number of items in a batch (first dim of a tensor/TensorDict/tensorclass, length of a list, first
-    dim of the first leaf of a pytree)."""
-    if isinstance(data, (torch.Tensor, TensorDictBase)) or is_tensorclass(data):
-        if not data.shape:
-            raise ValueError(
-                "extend() takes a batch whose first dim indexes items; got data with no batch dim. Use add() to "
-                "write one item, or give the data a batch dim (e.g. data.unsqueeze(0))."
-            )
-        return data.shape[0]
-    if isinstance(data, list):
-        return len(data)
-    leaves = pytree.tree_leaves(data)
-    if not leaves or not isinstance(leaves[0], torch.Tensor) or not leaves[0].ndim:
-        raise TypeError(
-            f"extend() takes a tensor, a TensorDict, a tensorclass, a list of items or a pytree of batched "
-            f"tensors; got {type(data).__name__}."
-        )
-    return leaves[0].shape[0]
-
-
-def take_last(data, n: int):
-    """The last ``n`` items of a batch."""
-    if isinstance(data, (torch.Tensor, TensorDictBase, list)) or is_tensorclass(data):
-        return data[-n:]
-    return pytree.tree_map(lambda t: t[-n:], data)
 
 
 def _rows_of(index, ndim: int) -> torch.Tensor:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
+from tensordict import TensorDictBase, is_tensorclass
 
 from torchrl._validation import check_bool, is_int
-from torchrl.data.replay_buffers.writers.base import Writer, _generations_at, _rows_of, batch_len, take_last
+from torchrl.data.replay_buffers.writers.base import CURSOR, WRITE_COUNT, Writer, _generations_at, _rows_of
 
 
 class RoundRobinWriter(Writer):
@@ -49,7 +51,7 @@ class RoundRobinWriter(Writer):
 
     def register_storage(self, storage) -> None:
         """Sets the storage; a writer that tracks generations makes the storage keep them (see NOTE [slot
-        generations] in :mod:`torchrl.data.replay_buffers.writers.base`)."""
+        generations] in :mod:`torchrl.data.replay_buffers.storages.base`)."""
         super().register_storage(storage)
         pending, self._pending_generations = self._pending_generations, None
         if pending is not None:  # loaded before the writer had a storage
@@ -95,18 +97,15 @@ class RoundRobinWriter(Writer):
 
     def _add(self, storage, data):
         rows = storage._max_size_along_dim0(single_data=data)
-        cursor = self._counters["cursor"] % rows
-        storage.set(cursor, self._prepare(data, cursor))
-        self._bump_generations(storage, rows, cursor)
-        self._counters["cursor"] = (cursor + 1) % rows
-        self._counters["write_count"] += 1
-        index = self._replicate_index(cursor)
-        storage.mark_update(index)
-        return index
+        cursor = self._counters.cells[CURSOR] % rows
+        storage.write_rows(cursor, self._prepare(data, cursor), track_generations=self.tracks_generations)
+        return self._advance(storage, cursor, 1, rows, cursor, cursor)
 
     def prepare(self, data):
         """Validates a batch for a shared storage before the write lock (see :meth:`Writer.prepare`)."""
-        storage = self._require_storage()
+        storage = self._storage
+        if storage is None:
+            storage = self._require_storage()  # raises
         if not storage.is_shared:
             return data
         n = batch_len(data)
@@ -118,7 +117,9 @@ class RoundRobinWriter(Writer):
         return data if checked is None else _Prepared(n, rows, checked)
 
     def extend(self, data) -> torch.Tensor:
-        storage = self._require_storage()
+        storage = self._storage
+        if storage is None:
+            storage = self._require_storage()  # raises
         if isinstance(data, _Prepared):
             with storage.write_lock:
                 return self._extend_prepared(storage, data)
@@ -130,34 +131,41 @@ class RoundRobinWriter(Writer):
 
     def _extend(self, storage, data, n: int) -> torch.Tensor:
         rows = storage._max_size_along_dim0(batched_data=data)
-        cursor = self._counters["cursor"] % rows
+        cursor = self._counters.cells[CURSOR] % rows
         index = (torch.arange(n) + cursor) % rows
         if n > rows:  # only the last `rows` items survive a write larger than the storage
             data = take_last(data, rows)
             written = index[-rows:]
         else:
             written = index
-        storage.set(written, self._prepare(data, written))
+        # every repetition of a row counts in its generation
+        storage.write_rows(
+            written, self._prepare(data, written), counted=index, track_generations=self.tracks_generations
+        )
         return self._advance(storage, cursor, n, rows, index, written)
 
     def _extend_prepared(self, storage, prepared: _Prepared) -> torch.Tensor:
         n, rows = prepared.n, prepared.rows
-        cursor = self._counters["cursor"] % rows
+        cursor = self._counters.cells[CURSOR] % rows
         index = (torch.arange(n) + cursor) % rows
         written = index[-rows:] if n > rows else index
         self._place(prepared.checked.data, written)
-        storage.set(written, prepared.checked)
+        storage.write_rows(written, prepared.checked, counted=index, track_generations=self.tracks_generations)
         return self._advance(storage, cursor, n, rows, index, written)
 
     def _place(self, data, index) -> None:
         """Hook for subclasses whose :meth:`_prepare` left a placeholder to fill once ``index`` is known."""
 
-    def _advance(self, storage, cursor: int, n: int, rows: int, index, written) -> torch.Tensor:
-        self._bump_generations(storage, rows, index)  # every repetition of a row counts
-        self._counters["cursor"] = (cursor + n) % rows
-        self._counters["write_count"] += n
-        storage.mark_update(self._replicate_index(written))
-        return self._replicate_index(index)
+    def _advance(self, storage, cursor: int, n: int, rows: int, index, written):
+        """After the storage took a write of ``n`` items at ``cursor``: moves the cursor past them, counts them,
+        tells the storage's buffers of the rows ``written``; returns ``index`` (cells for ``ndim > 1``)."""
+        cells = self._counters.cells  # (read now: a first write may have moved the counters to shared memory)
+        cells[CURSOR] = (cursor + n) % rows
+        cells[WRITE_COUNT] += n
+        if storage.ndim > 1:
+            written, index = self._replicate_index(written), self._replicate_index(index)
+        storage.mark_update(written)
+        return index
 
     # -- writes into given slots (consuming buffers) ---------------------------------------------------------------
     def write_at(self, index, data):
@@ -182,9 +190,10 @@ class RoundRobinWriter(Writer):
                 f"add() or extend() to write new slots."
             )
         target = int(index) if single else slots
-        storage.set(target, self._prepare(data, target), set_cursor=False)
-        self._bump_generations(storage, storage._max_size_along_dim0(), target)
-        self._counters["write_count"] += slots.numel()
+        storage.write_rows(
+            target, self._prepare(data, target), track_generations=self.tracks_generations, set_cursor=False
+        )
+        self._counters.cells[WRITE_COUNT] += slots.numel()
         index = self._replicate_index(target)
         storage.mark_update(index)
         return index
@@ -218,14 +227,14 @@ class RoundRobinWriter(Writer):
                 return self._extend(storage, data, n)
             if k == n:
                 return self._write_at(storage, free, data)
-            cursor = self._counters["cursor"] % rows
+            cursor = self._counters.cells[CURSOR] % rows
             ahead = (torch.arange(n) + cursor) % rows
             ahead = ahead[~torch.isin(ahead, free)][: n - k]
             index = torch.cat([free, ahead])
-            storage.set(index, self._prepare(data, index))
-            self._bump_generations(storage, rows, index)
-            self._counters["cursor"] = (int(ahead[-1]) + 1) % rows
-            self._counters["write_count"] += n
+            storage.write_rows(index, self._prepare(data, index), track_generations=self.tracks_generations)
+            cells = self._counters.cells  # (after the write: a first write may move the counters to shared memory)
+            cells[CURSOR] = (int(ahead[-1]) + 1) % rows
+            cells[WRITE_COUNT] += n
             index = self._replicate_index(index)
             storage.mark_update(index)
             return index
@@ -265,6 +274,34 @@ class RoundRobinWriter(Writer):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(cursor={self.cursor}, write_count={self.write_count})"
+
+
+def batch_len(data) -> int:
+    """The number of items in a batch (first dim of a tensor/TensorDict/tensorclass, length of a list, first
+    dim of the first leaf of a pytree)."""
+    if isinstance(data, (torch.Tensor, TensorDictBase)) or is_tensorclass(data):
+        if not data.shape:
+            raise ValueError(
+                "extend() takes a batch whose first dim indexes items; got data with no batch dim. Use add() to "
+                "write one item, or give the data a batch dim (e.g. data.unsqueeze(0))."
+            )
+        return data.shape[0]
+    if isinstance(data, list):
+        return len(data)
+    leaves = pytree.tree_leaves(data)
+    if not leaves or not isinstance(leaves[0], torch.Tensor) or not leaves[0].ndim:
+        raise TypeError(
+            f"extend() takes a tensor, a TensorDict, a tensorclass, a list of items or a pytree of batched "
+            f"tensors; got {type(data).__name__}."
+        )
+    return leaves[0].shape[0]
+
+
+def take_last(data, n: int):
+    """The last ``n`` items of a batch."""
+    if isinstance(data, (torch.Tensor, TensorDictBase, list)) or is_tensorclass(data):
+        return data[-n:]
+    return pytree.tree_map(lambda t: t[-n:], data)
 
 
 def _known_rows(storage) -> int | None:
