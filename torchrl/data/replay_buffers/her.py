@@ -22,11 +22,36 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase, unravel_key
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl.data.replay_buffers._checkpoint.parts import PartContext
-from torchrl.data.replay_buffers.errors import CheckpointError, torchrl_error
+from torchrl.data.replay_buffers.errors import CheckpointError
 from torchrl.data.replay_buffers.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
 from torchrl.data.replay_buffers.storages import ListStorage, TensorStorage
+from torchrl.data.replay_buffers.trajectories.columns import column_or_none
+from torchrl.data.replay_buffers.trajectories.ends import find_trajectories
+from torchrl.data.replay_buffers.trajectories.layout import newest_row, oldest_row
+
+HER_RATIO_RANGE = TorchRLPhrase(
+    ValueError,
+    r"her_ratio must be in \[0, 1\]",
+    "her_ratio must be in [0, 1] (the fraction of each batch relabelled), got {got}. Pass e.g. her_ratio=0.8, "
+    "or 0 to sample without relabelling.",
+)
+HER_1D_STORAGE = TorchRLPhrase(
+    NotImplementedError,
+    "only supports 1D storages",
+    "HERReplayBuffer only supports 1D storages (episodes along one time dim); got a storage with ndim={ndim}. "
+    "Store transitions in a 1-D storage (e.g. LazyTensorStorage(n), written with rb.extend(td.reshape(-1)) "
+    "after splitting episodes per env), or use storage.flatten().",
+)
+HER_MISSING_KEYS = TorchRLPhrase(
+    KeyError,
+    "The following keys are not present in storage",
+    "The following keys are not present in storage: {missing}. HERReplayBuffer reads the goal and the "
+    "achieved goal of every stored step: store both entries, or pass the keys that hold them "
+    "(goal_key=..., achieved_goal_key=...).",
+)
 
 __all__ = ["HERReplayBuffer", "HindsightStrategy"]
 
@@ -77,7 +102,7 @@ def _strategy(strategy) -> HindsightStrategy:
 
 def _her_ratio(value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) <= 1.0:
-        raise torchrl_error("her_ratio_range", got=repr(value))
+        raise HER_RATIO_RANGE.error(got=repr(value))
     return float(value)
 
 
@@ -235,7 +260,7 @@ class HERReplayBuffer(TensorDictReplayBuffer):
     def _relabel(self, data, index) -> None:
         storage = self._storage
         if storage.ndim != 1:
-            raise torchrl_error("her_1d_storage", ndim=storage.ndim)
+            raise HER_1D_STORAGE.error(ndim=storage.ndim)
         if not isinstance(data, TensorDictBase):
             raise TypeError(
                 f"HERReplayBuffer relabels TensorDict batches; the sampled batch is a {type(data).__name__}. "
@@ -344,7 +369,7 @@ class HERReplayBuffer(TensorDictReplayBuffer):
             if not isinstance(item, TensorDictBase) or item.get(key, None) is None
         ]
         if missing:
-            raise torchrl_error("her_missing_keys", missing=", ".join(missing))
+            raise HER_MISSING_KEYS.error(missing=", ".join(missing))
         self._keys_checked = True
 
     # -- episode boundaries (vectorized, cached per storage state) ----------------------------------------------
@@ -355,19 +380,14 @@ class HERReplayBuffer(TensorDictReplayBuffer):
     def _layout_key(self, storage) -> tuple:
         n = len(storage)
         full = bool(storage._is_full)
-        return (n, self._newest_row(storage, n, full), full)
-
-    def _newest_row(self, storage, n: int, full: bool) -> int:
-        if isinstance(storage, ListStorage) and full:  # a list storage does not track where it wrapped
-            return (int(self._writer.cursor) - 1) % max(n, 1)
-        last = int(storage.last_written_row)
-        return last if 0 <= last < n else n - 1
+        cursor = self._writer.cursor if full and isinstance(storage, ListStorage) else None  # lists do not track it
+        return (n, newest_row(storage, n, cursor=cursor), full)
 
     def _episode_layout(self, storage) -> tuple[torch.Tensor, int, int]:
         """``(ends, offset, n)``: the sorted unrolled positions that end an episode, and the ring layout."""
         key, revision = self._layout_key(storage), storage.write_revision
         n, last, full = key
-        offset = (last + 1) % n if full and n else 0
+        offset = oldest_row(storage, n, last)
         if key != self._last_cache_key or revision != self._cache_revision or self._episode_ends_cache is None:
             self._episode_ends_cache = self._find_episode_ends(storage, n, last, full)
             self._unrolled_ends = None
@@ -380,7 +400,7 @@ class HERReplayBuffer(TensorDictReplayBuffer):
         """The storage rows (ascending) that end an episode: a done/terminated flag, or the newest row."""
         flags = None
         for key in (self.end_key, self.terminated_key):
-            column = _column(storage, key, n)
+            column = column_or_none(storage, key, n)
             if column is not None:
                 column = column.reshape(n, -1).to("cpu").bool().any(-1)
                 flags = column if flags is None else flags | column
@@ -390,10 +410,13 @@ class HERReplayBuffer(TensorDictReplayBuffer):
                 f"{self.terminated_key!r}; the storage holds neither. Store episode-end flags, or pass the key "
                 f"that holds them as end_key=."
             )
-        if n:
-            flags = flags.clone()
-            flags[last if full else n - 1] = True
-        return flags.nonzero().squeeze(-1)
+        if not n:
+            return flags.nonzero().squeeze(-1)
+        offset = oldest_row(storage, n, last)
+        found = find_trajectories(  # the newest row ends an episode too (n - 1 while the ring is not full)
+            flags.view(n, 1), is_done=True, n_rows=n, n_cols=1, offset=offset, last_row=last if full else n - 1, ndim=1
+        )
+        return torch.sort((found.starts + found.lengths - 1 + offset) % n).values
 
     def empty(self, empty_write_count: bool = True) -> None:
         super().empty(empty_write_count=empty_write_count)
@@ -498,17 +521,3 @@ class HERReplayBuffer(TensorDictReplayBuffer):
         self.strategy = _strategy(her["strategy"])
         self._episode_ends_cache = self._unrolled_ends = self._last_cache_key = self._cache_revision = None
         self._keys_checked = False
-
-
-def _column(storage, key, n: int) -> torch.Tensor | None:
-    """The stored values of ``key`` over the ``n`` filled rows (a view for tensor storages), or ``None``."""
-    if isinstance(storage, TensorStorage):
-        column = storage.get_entry(key)
-        return None if column is None else column[:n]
-    data = storage.get(slice(0, n))
-    if isinstance(data, list):
-        values = [item.get(key, None) if isinstance(item, TensorDictBase) else None for item in data]
-        if not values or any(v is None for v in values):
-            return None
-        return torch.stack([torch.as_tensor(v) for v in values])
-    return data.get(key, None) if isinstance(data, TensorDictBase) else None

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from torchrl.data.replay_buffers.errors import torchrl_error
+from torchrl.data.replay_buffers.replay_buffers._readiness import RATE_CANCELLED
 
 __all__ = ["FIRST_POLL_S", "MAX_POLL_S", "poll_until", "with_timeout"]
 
@@ -57,7 +57,7 @@ def poll_until(
     first = True
     while True:
         if not first and cancel_event is not None and cancel_event.is_set():
-            raise torchrl_error("rate_cancelled")
+            raise RATE_CANCELLED.error()
         done, value, text = attempt(first)
         if done:
             return value

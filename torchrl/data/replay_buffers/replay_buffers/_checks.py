@@ -17,8 +17,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_bool, check_positive_int
-from torchrl.data.replay_buffers.errors import torchrl_error
+from torchrl.data.replay_buffers.errors import TypeRuntimeError
 from torchrl.data.replay_buffers.sample_units import check_sample_unit
 from torchrl.data.replay_buffers.samplers import (
     RandomSampler,
@@ -26,8 +27,43 @@ from torchrl.data.replay_buffers.samplers import (
     SliceSampler,
 )
 from torchrl.data.replay_buffers.samplers._stable_items import unstable_items_error
-from torchrl.data.replay_buffers.samplers.consuming import ConsumingSampler
+from torchrl.data.replay_buffers.samplers.consuming import CONSUMING_NDIM, ConsumingSampler
 from torchrl.data.replay_buffers.writers import ImmutableDatasetWriter, Writer
+
+DROP_LAST_BATCH_SIZE = TorchRLPhrase(
+    ValueError,
+    "Samplers with drop_last=True must work with a predictable batch-size",
+    "Samplers with drop_last=True must work with a predictable batch-size: {sampler} drops the last "
+    "incomplete batch, which needs the batch size when the buffer is built. Pass batch_size=... to the "
+    "buffer, or build the sampler with drop_last=False.",
+)
+TRANSFORM_WRITE_STATE = TorchRLPhrase(
+    RuntimeError,
+    "write state",
+    "{cls} keeps a write state (requires_shared_write_state=True) but has no share_memory_() method, so "
+    "processes sharing this buffer would each update a private copy. Give the transform a share_memory_() "
+    "method that moves its write state to shared memory, or use the buffer in one process (shared=False).",
+)
+CONSUMING_SAMPLER = TorchRLPhrase(
+    ValueError,
+    "only supports the default RandomSampler",
+    "consume_after_n_samples only supports the default RandomSampler, got {sampler}: consumption draws "
+    "uniformly among the items left (priorities and epochs do not model items leaving the draw). Leave "
+    "`sampler` out (ConsumingSampler({n}) is built for you), or drop consume_after_n_samples.",
+)
+CONSUMING_PREFETCH = TorchRLPhrase(
+    ValueError,
+    "Prefetching is not supported",
+    "Prefetching is not supported with consumption (consume_after_n_samples or a ConsumingSampler; got "
+    "prefetch={prefetch}): a batch sampled ahead consumes its items before anyone receives it, and they are "
+    "lost with the queue. Pass prefetch=0 (or leave it out), or sample without consumption.",
+)
+CONSUMING_WRITER = TorchRLPhrase(
+    TypeRuntimeError,
+    "requires a writer with a callable",
+    "{cls} requires a writer with a callable `write_at(index, data)` to refill consumed slots, got {writer}. "
+    "Use a RoundRobinWriter (the default).",
+)
 
 
 def default_writer_for(storage, default: Callable[..., Writer], compilable: bool) -> Writer:
@@ -61,7 +97,7 @@ def check_component(name: str, value, cls: type):
 def check_drop_last(sampler, batch_size) -> None:
     """As in TorchRL, a sampler built with ``drop_last=True`` needs the buffer's ``batch_size`` (ValueError)."""
     if getattr(sampler, "drop_last", False) and batch_size is None:
-        raise torchrl_error("drop_last_batch_size", sampler=f"{type(sampler).__name__}(drop_last=True)")
+        raise DROP_LAST_BATCH_SIZE.error(sampler=f"{type(sampler).__name__}(drop_last=True)")
 
 
 def _physical_memory_bytes() -> int:
@@ -103,7 +139,7 @@ def share_transform_write_state(transform) -> None:
     stateful = [m for m in modules if getattr(m, "requires_shared_write_state", False)]
     for module in stateful:
         if not callable(getattr(module, "share_memory_", None)):
-            raise torchrl_error("transform_write_state", cls=type(module).__name__)
+            raise TRANSFORM_WRITE_STATE.error(cls=type(module).__name__)
     for module in stateful:
         module.share_memory_()
 
@@ -181,7 +217,7 @@ def consuming_sampler_for(sampler, consume_after_n_samples: int | None):
                 f"same count to both."
             )
         return sampler
-    raise torchrl_error("consuming_sampler", sampler=type(sampler).__name__, n=n)
+    raise CONSUMING_SAMPLER.error(sampler=type(sampler).__name__, n=n)
 
 
 def check_consuming_buffer(sampler, storage, writer, prefetch) -> None:
@@ -189,11 +225,11 @@ def check_consuming_buffer(sampler, storage, writer, prefetch) -> None:
     if not isinstance(sampler, ConsumingSampler):
         return
     if storage.ndim != 1:
-        raise torchrl_error("consuming_ndim", cls=type(sampler).__name__, ndim=storage.ndim)
+        raise CONSUMING_NDIM.error(cls=type(sampler).__name__, ndim=storage.ndim)
     if prefetch:
-        raise torchrl_error("consuming_prefetch", prefetch=prefetch)
+        raise CONSUMING_PREFETCH.error(prefetch=prefetch)
     if not callable(getattr(writer, "write_at", None)) and not isinstance(writer, ImmutableDatasetWriter):
-        raise torchrl_error("consuming_writer", cls=type(sampler).__name__, writer=type(writer).__name__)
+        raise CONSUMING_WRITER.error(cls=type(sampler).__name__, writer=type(writer).__name__)
     if not writer.fills_free_slots and not isinstance(writer, ImmutableDatasetWriter):
         raise ValueError(
             f"ConsumingSampler needs a writer that fills consumed slots first (RoundRobinWriter, "

@@ -1,34 +1,36 @@
-"""Readiness and flow control of a replay buffer: the cumulative counters, waiting for data, reserving budget.
+"""Flow control of a replay buffer: :class:`FlowControl`, the stage between ``sample()``/``extend()`` and the draw
+or write: cumulative counters, waiting for data, a rate limiter's reservations.
 
-NOTE [readiness and waiting]: every buffer owns one :class:`FlowState`: cumulative int64 counters
+NOTE [readiness and waiting]: every buffer owns one :class:`FlowControl`: cumulative int64 counters
 (``sample_calls``, ``samples_returned``, the reservations of a limiter and its wait counts) in a
 :class:`~torchrl.data.replay_buffers._shared.counters.SharedCounters`, and the lock that orders changes to them (a
 ``threading.RLock``, or a cross-process :class:`~torchrl.data.replay_buffers._shared.lock.ProcessLock` once the
 buffer is shared). ``rb.sample(wait=True)`` and a limited ``extend`` wait in :func:`wait_until`: a
-``threading.Condition`` wakes them at once on a write of this process (writers call :meth:`FlowState.notify`,
+``threading.Condition`` wakes them at once on a write of this process (writers call :meth:`FlowControl.notify`,
 which costs a read of the waiter count when nobody waits), and a poll with a short backoff (0.5 ms doubling to
 :data:`MAX_POLL_S`) sees a write made by another process into the shared storage (its length and the writer's
 write count live in shared memory). ``shutdown()`` and a ``cancel_event`` end a wait with a ``RuntimeError``.
 
 A limiter (``RateLimitedReplayBuffer``'s budget, ``rate_limiter=MinSize(...)`` / ``SampleToInsertRatio(...)``)
-is consulted through :meth:`FlowState.try_reserve`: under the lock, it reads the counters and, when the request
+is consulted through :meth:`FlowControl.try_reserve`: under the lock, it reads the counters and, when the request
 is permitted, adds it to ``reserved_samples`` / ``reserved_inserts``; a finished draw moves its reservation
-to ``samples_returned`` in one locked step (:meth:`FlowState.commit_samples`), and a finished write releases its
+to ``samples_returned`` in one locked step (:meth:`FlowControl.commit_samples`), and a finished write releases its
 reservation after the writer counted it, so the counters a limiter reads are never ahead of what happened:
 every process and DataLoader worker sharing the buffer draws from one budget and none over-draws it.
 
 What this costs a sample that nobody waits for is kept to a few reads and writes of the counters' memory (a
 memoryview, :attr:`SharedCounters.cells <torchrl.data.replay_buffers._shared.counters.SharedCounters.cells>`)
-under one lock acquisition per step (issue 27; ``benchmarks/readiness_cost.py``): ``rb.sample()`` counts under
+under one lock acquisition per step (``benchmarks/readiness_cost.py``): :meth:`FlowControl.draw` counts under
 the thread lock, a shared buffer in a per-process slot without the cross-process lock (NOTE [draw counts of a
-shared buffer] in :class:`FlowState`), and a permitted limited sample in :func:`limited_draw` checks and counts
-its records as returned in one acquisition of the flow lock, before the draw (the limiter sees the same sum of
-returned and reserved records as with a reservation); a draw that raises, or returns fewer records, gives the
-difference back (:meth:`FlowState.give_back`). A sample that waited keeps the reservation and commit.
+shared buffer] in :class:`FlowControl`), and a permitted limited sample checks and counts its records as returned
+in one acquisition of the flow lock, before the draw (the limiter sees the same sum of returned and reserved
+records as with a reservation); a draw that raises, or returns fewer records, gives the difference back
+(:meth:`FlowControl.give_back`). A sample that waited keeps the reservation and commit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -39,20 +41,46 @@ from typing import Any
 
 import torch
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl.data.replay_buffers._shared.cleanup import pid_is_gone
 from torchrl.data.replay_buffers._shared.counters import SharedCounters
 from torchrl.data.replay_buffers._shared.lock import ProcessLock
-from torchrl.data.replay_buffers.errors import torchrl_error
+from torchrl.data.replay_buffers.errors import CheckpointError
 
 __all__ = [
-    "FlowState",
+    "FlowControl",
     "MAX_POLL_S",
     "check_wait_args",
-    "gated_draw",
     "records_in",
-    "reserved_draw",
     "wait_until",
 ]
+
+RATE_SHUT_DOWN = TorchRLPhrase(
+    RuntimeError,
+    "A shut down replay buffer cannot be sampled.",
+    "A shut down replay buffer cannot be sampled. shutdown() ended the wait; build a new buffer (or load a "
+    "checkpoint into one) to sample again.",
+)
+RATE_CANCELLED = TorchRLPhrase(
+    RuntimeError,
+    "Replay-buffer sampling was cancelled.",
+    "Replay-buffer sampling was cancelled. The `cancel_event` passed to sample() was set; clear it (or pass "
+    "another one) to sample again.",
+)
+RATE_NOT_PERMITTED = TorchRLPhrase(
+    RuntimeError,
+    "Replay readiness or the sample-to-insert ratio does not currently permit this sample. Pass wait=True to "
+    "wait.",
+    "Replay readiness or the sample-to-insert ratio does not currently permit this sample. Pass wait=True to "
+    "wait. ({detail})",
+)
+RATE_BUDGET_TIMEOUT = TorchRLPhrase(
+    TimeoutError,
+    "Replay buffer did not obtain sample-ratio budget within {timeout} seconds.",
+    "Replay buffer did not obtain sample-ratio budget within {timeout} seconds. The sample side waited; "
+    "{detail}. Write more data (each inserted item pays for samples_per_insert records), pass a larger "
+    "timeout, or timeout=None to wait as long as it takes.",
+)
 
 #: The longest sleep between two looks at the counters while waiting (the cross-process wake latency).
 MAX_POLL_S = 0.005
@@ -80,7 +108,7 @@ os.register_at_fork(after_in_child=_after_fork)
 
 # positions in COUNTERS, for the hot paths that read and write the counters' memoryview (SharedCounters.cells)
 CELL_SAMPLE_CALLS, CELL_SAMPLES_RETURNED, CELL_RESERVED_SAMPLES, CELL_CLOSED = 0, 1, 2, 6
-#: How many processes (FlowState objects) of a shared buffer count their draws in slots of their own
+#: How many processes (FlowControl objects) of a shared buffer count their draws in slots of their own
 #: (NOTE [draw counts of a shared buffer]); the others count under the cross-process lock.
 SLOTS = 64
 # the slot table: the number of slots claimed, then per slot: its owner's pid, a version, sample_calls and
@@ -91,12 +119,17 @@ _SLOT_NAMES = ("claimed", *(f"{field}{i}" for i in range(SLOTS) for field in _SL
 SAVED_COUNTERS = ("sample_calls", "samples_returned", "sample_wait_count", "insert_wait_count")
 
 
-class FlowState:
-    """The readiness counters of one buffer, their lock and the condition its waiters sleep on.
+class FlowControl:
+    """The flow control of one buffer: its readiness counters, their lock, the condition its waiters sleep on,
+    and its rate limiter. The buffer's ``sample()`` goes through :meth:`draw`, its writes through :meth:`insert`
+    (only when :attr:`gates_inserts` or a ``timeout`` asks for it); :meth:`stats` and :meth:`state_dict` are the
+    readiness entries of the buffer's ``stats()`` and state (the ``"readiness"`` entry of its checkpoint part,
+    checked by :meth:`check_checkpoint_part`).
 
     Keyword Args:
         shared (bool): put the counters in shared memory and order them with a cross-process lock now.
             Defaults to ``False`` (see :meth:`share_memory_`).
+        limiter (RateLimiter, optional): the rate limiter (:attr:`limiter`). Defaults to ``None``.
 
     Attributes (read by the buffer's hot paths; change them only through the methods):
         lock: the lock that orders changes to the counters: a ``ProcessLock`` once shared, else a thread lock.
@@ -106,10 +139,11 @@ class FlowState:
         waiters: how many threads of this process wait in :func:`wait_until`.
         checked_request: the ``(limiter, batch size)`` that last passed ``check_sample_request`` (a
             request's check depends on them alone), or ``None``.
+        gates_inserts: whether the limiter blocks inserts (writes then go through :meth:`insert`).
 
     NOTE [draw counts of a shared buffer]: ``sample_calls`` and ``samples_returned`` are counted on every
     draw; a cross-process lock there costs two ``flock`` calls per sample. So once shared, each process (each
-    ``FlowState`` object in it) counts the draws it makes without a limiter in a slot of its own, in a second
+    ``FlowControl`` object in it) counts the draws it makes without a limiter in a slot of its own, in a second
     shared table (:data:`SLOTS` slots, claimed once under the lock, a slot of a dead process taken over),
     under this process's thread lock only: a slot has one writer, so no update is lost, and a version made odd
     while its two counts change lets readers take the pair as one. A counter's value is its cell in the
@@ -118,8 +152,8 @@ class FlowState:
     their reservation, under the lock.
 
     Examples:
-        >>> from torchrl.data.replay_buffers.replay_buffers._readiness import FlowState
-        >>> state = FlowState()
+        >>> from torchrl.data.replay_buffers.replay_buffers._readiness import FlowControl
+        >>> state = FlowControl()
         >>> state.count_draw(4)
         >>> state.get("sample_calls"), state.get("samples_returned")
         (1, 4)
@@ -127,8 +161,10 @@ class FlowState:
         4
     """
 
-    def __init__(self, *, shared: bool = False) -> None:
+    def __init__(self, *, shared: bool = False, limiter=None) -> None:
         self._counters = SharedCounters(COUNTERS)
+        self.limiter = limiter
+        self.bind(None, None, None, None)
         self._process_lock: ProcessLock | None = None
         self._slots: SharedCounters | None = None  # the draw counts of each process, once shared
         self._make_runtime()
@@ -157,7 +193,7 @@ class FlowState:
         """Whether the counters live in shared memory (then ordered by a cross-process lock)."""
         return self._process_lock is not None
 
-    def share_memory_(self) -> FlowState:
+    def share_memory_(self) -> FlowControl:
         """Moves the counters to shared memory and creates their cross-process lock (a no-op when shared)."""
         if self._process_lock is None:
             with self._thread_lock:
@@ -274,10 +310,6 @@ class FlowState:
         finally:
             lock.release()
 
-    def count_batch(self, info: dict, batch_size: int) -> None:
-        """:meth:`count_draw` of the records a draw returned (:func:`records_in` of ``info["index"]``)."""
-        self.count_draw(records_in(info.get("index"), batch_size))
-
     def commit_samples(self, reserved: int, records: int | None) -> None:
         """Ends a reserved draw: ``records`` (``None``: the draw failed) become returned and the reservation of
         ``reserved`` is released, in one locked step; then wakes the waiters."""
@@ -365,18 +397,339 @@ class FlowState:
         self.notify()
 
     def __getstate__(self):
-        return {"counters": self._counters, "process_lock": self._process_lock, "slots": self._slots}
+        return {"counters": self._counters, "process_lock": self._process_lock, "slots": self._slots,
+                "limiter": self._limiter}  # fmt: skip
 
     def __setstate__(self, state) -> None:
         self._counters = state["counters"]
         self._process_lock = state["process_lock"]
         # a state saved before the slots existed: the draws are counted under the lock
         self._slots = state.get("slots") if self._process_lock is not None else None
+        self.limiter = state.get("limiter")
+        self.bind(None, None, None, None)  # the buffer attaches itself again (ReplayBuffer.__setstate__)
         self._make_runtime()
         self._attach()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._totals()}, shared={self.is_shared})"
+
+    # -- the buffer's side: what the limiter reads, the gates of sample() and extend() -------------------------
+    @property
+    def limiter(self):
+        """The rate limiter every sample and write consults (``None``: none; :meth:`draw` then only counts)."""
+        return self._limiter
+
+    @limiter.setter
+    def limiter(self, limiter) -> None:
+        self._limiter = limiter
+        self.checked_request = None
+        self.gates_inserts = limiter is not None and limiter.blocks_inserts
+
+    def bind(self, buffer, sampler, storage, writer) -> None:
+        """Binds the flow to the buffer it gates and the components whose readiness it reads (after a build, a
+        swap or an unpickle; never pickled): ``len(buffer)``, ``buffer.is_alive``, ``sampler.can_sample``,
+        ``writer.write_count``."""
+        self.buffer, self.sampler, self.storage, self.writer = buffer, sampler, storage, writer
+
+    def sampler_ready(self, batch_size: int) -> bool:
+        """Whether the sampler can draw ``batch_size`` now (``Sampler.can_sample``); ``False`` before the
+        delayed init built the components."""
+        sampler = self.sampler
+        return sampler is not None and sampler.can_sample(self.storage, batch_size)
+
+    def _alive(self) -> bool:
+        buffer = self.buffer
+        return buffer is None or buffer.is_alive
+
+    def _inserts(self) -> int:
+        return getattr(self.writer, "write_count", 0) if self.writer is not None else 0
+
+    def _size(self) -> int:
+        return len(self.buffer) if self.buffer is not None else 0
+
+    def _view(self, counters: dict[str, int]) -> dict[str, int]:
+        """The limiter's view of the counters (``counters`` read under the lock first, then the write count)."""
+        return {
+            "inserts": self._inserts(),
+            "samples": counters["samples_returned"],
+            "reserved_samples": counters["reserved_samples"],
+            "reserved_inserts": counters["reserved_inserts"],
+            "size": self._size(),
+        }
+
+    def describe_counters(self) -> str:
+        """The counters at this moment, for an error message."""
+        v = self._view(self.as_dict())
+        return (
+            f"write_count={v['inserts']}, samples_returned={v['samples']}, reserved_samples={v['reserved_samples']}, "
+            f"reserved_inserts={v['reserved_inserts']}, size={v['size']}"
+        )
+
+    def can_sample(self, batch_size: int) -> bool:
+        """``rb.can_sample(batch_size)``: the sampler is ready and the limiter (if any) permits the sample."""
+        limiter = self._limiter
+        if limiter is None:
+            return self.sampler_ready(batch_size)
+        if not self._alive() or self.closed:
+            return False
+        if not self.sampler_ready(batch_size):
+            return False
+        v = self._view(self.as_dict())
+        return limiter.sample_permitted(
+            inserts=v["inserts"], samples=v["samples"] + v["reserved_samples"], size=v["size"], n=batch_size
+        )
+
+    def wait_for_data(self, batch_size: int, *, timeout: float | None, cancel_event) -> None:
+        """``sample(wait=True)`` without a limiter: returns once the sampler can draw the batch."""
+        if self.sampler_ready(batch_size) and (cancel_event is None or not cancel_event.is_set()):
+            return
+        self.add("sample_wait_count", 1)
+
+        def timed_out() -> BaseException:
+            return TimeoutError(
+                f"The replay buffer could not serve a batch of {batch_size} within {timeout} seconds: the sample "
+                f"side waited ({self.describe_counters()}; sampler {type(self.sampler).__name__}). Write data "
+                f"first (rb.extend, from this or another process sharing the buffer), pass a larger timeout, or "
+                f"timeout=None to wait as long as it takes."
+            )
+
+        wait_until(
+            self, lambda: self.sampler_ready(batch_size), timeout=timeout, cancel_event=cancel_event,
+            is_alive=self._alive, on_timeout=timed_out,
+        )  # fmt: skip
+
+    def try_reserve_sample(self, batch_size: int) -> bool:
+        """Reserves ``batch_size`` records of the limiter's budget if it permits them now (never waits): one
+        acquisition of the flow lock, reading the counters' memory directly."""
+        limiter = self._limiter
+        with self.lock:
+            if not (
+                self.sampler_ready(batch_size)
+                and limiter.sample_permitted(
+                    inserts=self._inserts(), samples=self._returned_and_reserved(),
+                    size=self._size() if limiter.reads_size else 0, n=batch_size,
+                )
+            ):  # fmt: skip
+                return False
+            self.cells[CELL_RESERVED_SAMPLES] += batch_size
+        return True
+
+    def draw(self, batch_size: int, wait, timeout, cancel, draw_fn):
+        """One draw through the gate: ``draw_fn(batch_size) -> (data, info)``, counted in ``sample_calls`` and
+        ``samples_returned``.
+
+        Without a limiter, ``wait=True`` first waits until the sampler can draw the batch. With one, a sample it
+        permits now has its records counted as returned in the same acquisition of the flow lock, before the
+        draw (a draw that raises, or returns fewer records, gives the difference back: one acquisition and a
+        few reads per sample); a refused one raises (``wait=False``) or waits and reserves
+        (:meth:`reserve_sample`), then draws in :meth:`reserved_draw`. ``timeout`` and ``cancel`` are checked
+        here (:func:`check_wait_args`).
+        """
+        limiter = self._limiter
+        if wait is not False or timeout is not None or cancel is not None:
+            if wait is not True or timeout is not None or cancel is not None:
+                timeout = check_wait_args(wait, timeout, cancel)
+            if limiter is None and wait and (cancel is not None or not self.sampler_ready(batch_size)):
+                self.wait_for_data(batch_size, timeout=timeout, cancel_event=cancel)
+        if limiter is None:  # the common case: draw, then count (count_draw written out for a private buffer)
+            data, info = draw_fn(batch_size)
+            index = info.get("index")
+            if type(index) is torch.Tensor:
+                shape = index.shape
+                records = shape[0] if shape else 1
+            else:
+                records = records_in(index, batch_size)
+            if self.slot_cells is not None:
+                self.count_draw(records)
+                return data, info
+            cells = self.cells
+            lock = self.lock
+            lock.acquire()
+            try:
+                cells[CELL_SAMPLE_CALLS] += 1
+                cells[CELL_SAMPLES_RETURNED] += records
+            finally:
+                lock.release()
+            return data, info
+        checked = self.checked_request  # a request's check depends on the limiter and the batch size alone
+        if checked is None or checked[0] is not limiter or checked[1] != batch_size:
+            limiter.check_sample_request(batch_size)
+            self.checked_request = (limiter, batch_size)
+        counted = False
+        cells = self.cells
+        if not cells[CELL_CLOSED] and self._alive() and (cancel is None or not cancel.is_set()):
+            lock = self.lock  # try_reserve_sample, written out (acquire/release cost less than a with statement)
+            lock.acquire()
+            try:
+                if self.sampler.can_sample(self.storage, batch_size) and limiter.sample_permitted(
+                    inserts=self._inserts(), samples=self._returned_and_reserved(),
+                    size=self._size() if limiter.reads_size else 0, n=batch_size,
+                ):  # fmt: skip
+                    cells[CELL_SAMPLE_CALLS] += 1
+                    cells[CELL_SAMPLES_RETURNED] += batch_size
+                    counted = True
+            finally:
+                lock.release()
+        if not counted:  # shut down, cancelled, refused or to wait for: raises, or waits and reserves
+            self.reserve_sample(batch_size, wait=wait, timeout=timeout, cancel_event=cancel)
+            return self.reserved_draw(draw_fn, batch_size)
+        if self.waiters:  # an insert that waited for samples
+            self.notify()
+        try:
+            data, info = draw_fn(batch_size)
+        except BaseException:
+            self.give_back(1, batch_size)
+            raise
+        records = records_in(info.get("index"), batch_size)
+        if records != batch_size:
+            self.give_back(0, batch_size - records)
+        return data, info
+
+    def reserve_sample(self, batch_size: int, *, wait: bool, timeout: float | None, cancel_event) -> None:
+        """Reserves ``batch_size`` records for a draw, waiting with ``wait=True``; the caller commits the
+        reservation (:meth:`commit_samples`) once the draw ended, whatever happened."""
+        limiter = self._limiter
+        limiter.check_sample_request(batch_size)
+        if self.cells[CELL_CLOSED] or not self._alive():
+            raise RATE_SHUT_DOWN.error()
+        if cancel_event is not None and cancel_event.is_set():
+            raise RATE_CANCELLED.error()
+        if self.try_reserve_sample(batch_size):
+            return
+        if not wait:
+            raise RATE_NOT_PERMITTED.error(detail=f"{limiter!r}; {self.describe_counters()}")
+        self.add("sample_wait_count", 1)
+
+        def timed_out() -> BaseException:
+            detail = f"{limiter!r}; {self.describe_counters()}"
+            if getattr(limiter, "budget", None) is not None:  # TorchRL's RateLimitedReplayBuffer
+                return RATE_BUDGET_TIMEOUT.error(timeout=timeout, detail=detail)
+            return TimeoutError(
+                f"Rate limiter: the sample side waited {timeout} seconds for a batch of {batch_size} without being "
+                f"permitted ({detail}). Write more data (collectors extend), sample less often, widen the "
+                f"error_buffer, or pass timeout=None to wait as long as it takes."
+            )
+
+        wait_until(
+            self, lambda: self.try_reserve_sample(batch_size), timeout=timeout, cancel_event=cancel_event,
+            is_alive=self._alive, on_timeout=timed_out,
+        )  # fmt: skip
+
+    def reserved_draw(self, draw_fn, batch_size: int):
+        """One draw of ``batch_size`` records reserved from the limiter: the reservation becomes the records
+        returned, or is given back when the draw raises."""
+        records = None
+        try:
+            data, info = draw_fn(batch_size)
+            records = records_in(info.get("index"), batch_size)
+        finally:
+            self.commit_samples(batch_size, records)
+        return data, info
+
+    def release_if_cancelled(self, batch_size: int):
+        """A done-callback for a prefetch task holding a reservation: a task cancelled before it ran gives it
+        back."""
+
+        def release(future) -> None:
+            if future.cancelled():
+                self.commit_samples(batch_size, None)
+
+        return release
+
+    @contextlib.contextmanager
+    def insert(self, n: int, timeout):
+        """Around a write of ``n`` items: waits for the limiter's permission (when it blocks inserts; ``timeout``
+        seconds at most, checked here), and wakes the waiting readers afterwards. A buffer whose limiter does
+        not gate inserts (:attr:`gates_inserts` false) and that got no ``timeout`` skips it: it wakes the
+        readers itself (``if flow.waiters: flow.notify()``)."""
+        timeout = check_wait_args(False, timeout, None) if timeout is not None else None
+        if not self.gates_inserts:
+            yield
+            self.notify()
+            return
+        self._reserve_insert(n, timeout=timeout)
+        try:
+            yield
+        finally:
+            self.release_inserts(n)
+
+    def _reserve_insert(self, n: int, *, timeout: float | None) -> None:
+        """Reserves an insert of ``n`` items, waiting while the limiter refuses it."""
+        limiter = self._limiter
+        limiter.check_insert_request(n)
+
+        def permitted(counters: dict[str, int]) -> bool:
+            v = self._view(counters)
+            pending = v["reserved_inserts"]
+            return limiter.insert_permitted(
+                inserts=v["inserts"] + pending, samples=v["samples"], size=v["size"] + pending, n=n
+            )
+
+        if self.try_reserve("insert", n, permitted):
+            return
+        self.add("insert_wait_count", 1)
+
+        def timed_out() -> BaseException:
+            return TimeoutError(
+                f"Rate limiter: the insert side waited {timeout} seconds to write {n} items without being permitted "
+                f"({limiter!r}; {self.describe_counters()}): sampling is behind the target ratio. Sample more (the "
+                f"learner's rb.sample()), widen the error_buffer, or pass timeout=None to wait as long as it takes."
+            )
+
+        def alive_for_inserts() -> bool:
+            if not self._alive() or self.closed:
+                raise RuntimeError(
+                    "The replay buffer was shut down while a write waited for the rate limiter: nothing was written."
+                )
+            return True
+
+        wait_until(
+            self, lambda: self.try_reserve("insert", n, permitted), timeout=timeout, cancel_event=None,
+            is_alive=alive_for_inserts, on_timeout=timed_out,
+        )  # fmt: skip
+
+    def stats(self) -> dict[str, Any]:
+        """The readiness entries of ``rb.stats()`` (and the limiter's, when there is one)."""
+        with self.lock:  # one view: no sample commits between the counters and the write count
+            counters = self.as_dict()
+            inserts = self._inserts()
+        out = {
+            "sample_calls": counters["sample_calls"],
+            "samples_returned": counters["samples_returned"],
+            "sampleable_size": self._size(),
+        }
+        limiter = self._limiter
+        if limiter is None:
+            return out
+        out.update(
+            samples_per_insert=counters["samples_returned"] / inserts if inserts else 0.0,
+            reserved_samples=counters["reserved_samples"],
+            sample_wait_count=counters["sample_wait_count"],
+        )
+        budget = getattr(limiter, "budget", None)
+        if budget is not None:
+            out["target_samples_per_insert"] = limiter.samples_per_insert
+            out["sample_budget"] = budget(
+                inserts=inserts, samples=counters["samples_returned"] + counters["reserved_samples"]
+            )
+        else:
+            out.update(
+                rate_limiter=repr(limiter),
+                target_samples_per_insert=limiter.samples_per_insert,
+                reserved_inserts=counters["reserved_inserts"],
+                insert_wait_count=counters["insert_wait_count"],
+                sample_insert_diff=inserts * limiter.samples_per_insert - counters["samples_returned"],
+            )
+        return out
+
+    # -- the checkpoint part: the counters a checkpoint keeps ---------------------------------------------------
+    def check_checkpoint_part(self, doc, where: str) -> None:
+        """``CheckpointError`` (nothing loaded) unless ``doc`` (the ``"readiness"`` entry of a buffer part) holds
+        counters :meth:`load_state_dict` takes."""
+        try:
+            check_counter_state(doc, f"{where}: `readiness`")
+        except ValueError as err:
+            raise CheckpointError(f"{err} Nothing was loaded.") from None
 
 
 def _is_dead(pid: int) -> bool:
@@ -384,7 +737,7 @@ def _is_dead(pid: int) -> bool:
     if pid <= 0:
         return True
     if pid == os.getpid():
-        return False  # another FlowState of this process: never share a slot between two thread locks
+        return False  # another FlowControl of this process: never share a slot between two thread locks
     return pid_is_gone(pid)
 
 
@@ -425,7 +778,7 @@ def check_wait_args(wait, timeout, cancel_event) -> float | None:
 
 
 def wait_until(
-    state: FlowState,
+    state: FlowControl,
     ready: Callable[[], bool],
     *,
     timeout: float | None,
@@ -446,9 +799,9 @@ def wait_until(
     try:
         while True:
             if not is_alive() or state.closed:
-                raise torchrl_error("rate_shut_down")
+                raise RATE_SHUT_DOWN.error()
             if cancel_event is not None and cancel_event.is_set():
-                raise torchrl_error("rate_cancelled")
+                raise RATE_CANCELLED.error()
             if ready():
                 return
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -472,284 +825,3 @@ def records_in(index, batch_size: int) -> int:
     if isinstance(index, int):
         return 1
     return batch_size
-
-
-# -- the buffer's side: readiness, the limiter's checks and the waits (the buffer's methods delegate here) --------
-def sampler_ready(rb, batch_size: int) -> bool:
-    """Whether ``rb``'s sampler can draw ``batch_size`` now (``Sampler.can_sample``); ``False`` before the
-    delayed init built the components."""
-    return rb.initialized and rb.sampler.can_sample(rb.storage, batch_size)
-
-
-def _view(rb, counters: dict[str, int]) -> dict[str, int]:
-    """The limiter's view of the counters (``counters`` read under the lock first, then the write count)."""
-    return {
-        "inserts": rb.write_count,
-        "samples": counters["samples_returned"],
-        "reserved_samples": counters["reserved_samples"],
-        "reserved_inserts": counters["reserved_inserts"],
-        "size": len(rb),
-    }
-
-
-def _sample_permitted(rb, limiter, n: int):
-    def permitted(counters: dict[str, int]) -> bool:
-        if not sampler_ready(rb, n):
-            return False
-        v = _view(rb, counters)
-        return limiter.sample_permitted(
-            inserts=v["inserts"], samples=v["samples"] + v["reserved_samples"], size=v["size"], n=n
-        )
-
-    return permitted
-
-
-def _insert_permitted(rb, limiter, n: int):
-    def permitted(counters: dict[str, int]) -> bool:
-        v = _view(rb, counters)
-        pending = v["reserved_inserts"]
-        return limiter.insert_permitted(
-            inserts=v["inserts"] + pending, samples=v["samples"], size=v["size"] + pending, n=n
-        )
-
-    return permitted
-
-
-def describe_counters(rb, state: FlowState) -> str:
-    """The counters at this moment, for an error message."""
-    v = _view(rb, state.as_dict())
-    return (
-        f"write_count={v['inserts']}, samples_returned={v['samples']}, reserved_samples={v['reserved_samples']}, "
-        f"reserved_inserts={v['reserved_inserts']}, size={v['size']}"
-    )
-
-
-def can_sample(rb, state: FlowState, limiter, batch_size: int) -> bool:
-    """``rb.can_sample(batch_size)``: the sampler is ready and the limiter (if any) permits the sample."""
-    if limiter is None:
-        return sampler_ready(rb, batch_size)
-    if not rb.is_alive or state.closed:
-        return False
-    return _sample_permitted(rb, limiter, batch_size)(state.as_dict())
-
-
-def wait_for_data(rb, state: FlowState, batch_size: int, *, timeout: float | None, cancel_event) -> None:
-    """``sample(wait=True)`` of a buffer without a limiter: returns once the sampler can draw the batch."""
-    if sampler_ready(rb, batch_size) and (cancel_event is None or not cancel_event.is_set()):
-        return
-    state.add("sample_wait_count", 1)
-
-    def timed_out() -> BaseException:
-        return TimeoutError(
-            f"The replay buffer could not serve a batch of {batch_size} within {timeout} seconds: the sample side "
-            f"waited ({describe_counters(rb, state)}; sampler {type(rb.sampler).__name__}). Write data first "
-            f"(rb.extend, from this or another process sharing the buffer), pass a larger timeout, or "
-            f"timeout=None to wait as long as it takes."
-        )
-
-    wait_until(
-        state, lambda: sampler_ready(rb, batch_size), timeout=timeout, cancel_event=cancel_event,
-        is_alive=lambda: rb.is_alive, on_timeout=timed_out,
-    )  # fmt: skip
-
-
-def try_reserve_sample(rb, state: FlowState, limiter, batch_size: int) -> bool:
-    """Reserves ``batch_size`` records of the limiter's budget if it permits them now (never waits).
-
-    :meth:`FlowState.try_reserve` with the limiter's check written out: once per reserved sample, in one
-    acquisition of the flow lock, reading the counters' memory directly."""
-    cells = state.cells
-    with state.lock:
-        if not (
-            sampler_ready(rb, batch_size)
-            and limiter.sample_permitted(
-                inserts=rb.write_count, samples=state._returned_and_reserved(),
-                size=len(rb) if limiter.reads_size else 0, n=batch_size,
-            )
-        ):  # fmt: skip
-            return False
-        cells[CELL_RESERVED_SAMPLES] += batch_size
-    return True
-
-
-def limited_draw(rb, state: FlowState, limiter, batch_size: int, wait, timeout, cancel_event, draw, sampler,
-                 storage, writer):  # fmt: skip
-    """:func:`gated_draw` with a limiter, for ``rb.sample()``: the same checks as :func:`reserve_sample`,
-    written out with the buffer's components (``sampler``, ``storage``, ``writer``) passed in, and a permitted
-    sample's records counted as returned in the same acquisition of the flow lock (no reservation to commit
-    after the draw; a draw that raises or returns fewer records gives the difference back), so that it costs
-    one acquisition and a few reads (issue 27: readiness must cost nothing measurable when nothing waits).
-    ``timeout`` is checked (:func:`check_wait_args`). A refused sample (or one of a buffer shut down) waits in
-    :func:`reserve_sample` (``wait=True``) then draws in :func:`reserved_draw`, or raises there."""
-    checked = state.checked_request  # a request's check depends on the limiter and the batch size alone
-    if checked is None or checked[0] is not limiter or checked[1] != batch_size:
-        limiter.check_sample_request(batch_size)
-        state.checked_request = (limiter, batch_size)
-    counted = False
-    cells = state.cells
-    if not cells[CELL_CLOSED] and rb.is_alive and (cancel_event is None or not cancel_event.is_set()):
-        lock = state.lock  # try_reserve_sample, written out (acquire/release cost less than a with statement)
-        lock.acquire()
-        try:
-            if sampler.can_sample(storage, batch_size) and limiter.sample_permitted(
-                inserts=getattr(writer, "write_count", 0), samples=state._returned_and_reserved(),
-                size=len(rb) if limiter.reads_size else 0, n=batch_size,
-            ):  # fmt: skip
-                # counted as returned at once (one acquisition of the lock per sample); given back below when
-                # the draw raises or returns fewer records
-                cells[CELL_SAMPLE_CALLS] += 1
-                cells[CELL_SAMPLES_RETURNED] += batch_size
-                counted = True
-        finally:
-            lock.release()
-    if not counted:  # shut down, cancelled, refused or to wait for: raises, or waits and reserves
-        reserve_sample(rb, state, limiter, batch_size, wait=wait, timeout=timeout, cancel_event=cancel_event)
-        return reserved_draw(state, draw, batch_size)
-    if state.waiters:  # an insert that waited for samples
-        state.notify()
-    try:
-        data, info = draw(batch_size)
-    except BaseException:
-        state.give_back(1, batch_size)
-        raise
-    records = records_in(info.get("index"), batch_size)
-    if records != batch_size:
-        state.give_back(0, batch_size - records)
-    return data, info
-
-
-def reserve_sample(
-    rb, state: FlowState, limiter, batch_size: int, *, wait: bool, timeout: float | None, cancel_event
-) -> None:
-    """Reserves ``batch_size`` records for a draw, waiting with ``wait=True``; the caller commits the reservation
-    (``state.commit_samples``) once the draw ended, whatever happened."""
-    limiter.check_sample_request(batch_size)
-    if state.cells[CELL_CLOSED] or not rb.is_alive:
-        raise torchrl_error("rate_shut_down")
-    if cancel_event is not None and cancel_event.is_set():
-        raise torchrl_error("rate_cancelled")
-    if try_reserve_sample(rb, state, limiter, batch_size):
-        return
-    if not wait:
-        raise torchrl_error("rate_not_permitted", detail=f"{limiter!r}; {describe_counters(rb, state)}")
-    state.add("sample_wait_count", 1)
-
-    def timed_out() -> BaseException:
-        detail = f"{limiter!r}; {describe_counters(rb, state)}"
-        if getattr(limiter, "budget", None) is not None:  # TorchRL's RateLimitedReplayBuffer
-            return torchrl_error("rate_budget_timeout", timeout=timeout, detail=detail)
-        return TimeoutError(
-            f"Rate limiter: the sample side waited {timeout} seconds for a batch of {batch_size} without being "
-            f"permitted ({detail}). Write more data (collectors extend), sample less often, widen the "
-            f"error_buffer, or pass timeout=None to wait as long as it takes."
-        )
-
-    wait_until(
-        state, lambda: try_reserve_sample(rb, state, limiter, batch_size), timeout=timeout,
-        cancel_event=cancel_event, is_alive=lambda: rb.is_alive, on_timeout=timed_out,
-    )  # fmt: skip
-
-
-def reserve_insert(rb, state: FlowState, limiter, n: int, *, timeout: float | None) -> None:
-    """Reserves an insert of ``n`` items, waiting while the limiter refuses it; the caller releases it
-    (``state.release_inserts(n)``) after the write."""
-    limiter.check_insert_request(n)
-    permitted = _insert_permitted(rb, limiter, n)
-    if state.try_reserve("insert", n, permitted):
-        return
-    state.add("insert_wait_count", 1)
-
-    def timed_out() -> BaseException:
-        return TimeoutError(
-            f"Rate limiter: the insert side waited {timeout} seconds to write {n} items without being permitted "
-            f"({limiter!r}; {describe_counters(rb, state)}): sampling is behind the target ratio. Sample more (the "
-            f"learner's rb.sample()), widen the error_buffer, or pass timeout=None to wait as long as it takes."
-        )
-
-    def alive_for_inserts() -> bool:
-        if not rb.is_alive or state.closed:
-            raise RuntimeError(
-                "The replay buffer was shut down while a write waited for the rate limiter: nothing was written."
-            )
-        return True
-
-    wait_until(
-        state, lambda: state.try_reserve("insert", n, permitted), timeout=timeout, cancel_event=None,
-        is_alive=alive_for_inserts, on_timeout=timed_out,
-    )  # fmt: skip
-
-
-def flow_stats(rb, state: FlowState, limiter) -> dict[str, Any]:
-    """The readiness entries of ``rb.stats()`` (and the limiter's, when there is one)."""
-    with state.lock:  # one view: no sample commits between the counters and the write count
-        counters = state.as_dict()
-        inserts = rb.write_count
-    out = {
-        "sample_calls": counters["sample_calls"],
-        "samples_returned": counters["samples_returned"],
-        "sampleable_size": len(rb),
-    }
-    if limiter is None:
-        return out
-    out.update(
-        samples_per_insert=counters["samples_returned"] / inserts if inserts else 0.0,
-        reserved_samples=counters["reserved_samples"],
-        sample_wait_count=counters["sample_wait_count"],
-    )
-    budget = getattr(limiter, "budget", None)
-    if budget is not None:
-        out["target_samples_per_insert"] = limiter.samples_per_insert
-        out["sample_budget"] = budget(
-            inserts=inserts, samples=counters["samples_returned"] + counters["reserved_samples"]
-        )
-    else:
-        out.update(
-            rate_limiter=repr(limiter),
-            target_samples_per_insert=limiter.samples_per_insert,
-            reserved_inserts=counters["reserved_inserts"],
-            insert_wait_count=counters["insert_wait_count"],
-            sample_insert_diff=inserts * limiter.samples_per_insert - counters["samples_returned"],
-        )
-    return out
-
-
-# -- draws: counted, reserved, gated (``draw(batch_size) -> (data, info)`` is the buffer's own draw) ------------------
-def reserved_draw(state: FlowState, draw, batch_size: int):
-    """One draw of ``batch_size`` records reserved from the limiter: the reservation becomes the records returned,
-    or is given back when the draw raises."""
-    records = None
-    try:
-        data, info = draw(batch_size)
-        records = records_in(info.get("index"), batch_size)
-    finally:
-        state.commit_samples(batch_size, records)
-    return data, info
-
-
-def gated_draw(rb, state: FlowState, limiter, batch_size: int, *, wait: bool, timeout, cancel_event, draw):
-    """A draw behind readiness: waits for data (``wait=True``) without a limiter; with one, reserves the records
-    first (waiting with ``wait=True``, else refusing at once), then draws."""
-    if limiter is None:
-        if wait:
-            wait_for_data(rb, state, batch_size, timeout=timeout, cancel_event=cancel_event)
-        data, info = draw(batch_size)
-        state.count_batch(info, batch_size)
-        return data, info
-    reserve_sample(rb, state, limiter, batch_size, wait=wait, timeout=timeout, cancel_event=cancel_event)
-    records = None  # reserved_draw, written out
-    try:
-        data, info = draw(batch_size)
-        records = records_in(info.get("index"), batch_size)
-    finally:
-        state.commit_samples(batch_size, records)
-    return data, info
-
-
-def release_if_cancelled(state: FlowState, batch_size: int):
-    """A done-callback for a prefetch task holding a reservation: a task cancelled before it ran gives it back."""
-
-    def release(future) -> None:
-        if future.cancelled():
-            state.commit_samples(batch_size, None)
-
-    return release

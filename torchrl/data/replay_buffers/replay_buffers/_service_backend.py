@@ -22,10 +22,13 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_bool
 
 __all__ = [
     "HOSTED_CLASS_ATTRIBUTE",
+    "READINESS_BACKENDS",
+    "ReadinessBackendMeta",
     "ServiceBackendMeta",
     "check_service_options",
     "register_service_backend",
@@ -202,3 +205,43 @@ class ServiceBackendMeta(abc.ABCMeta):
         # inspect.signature (and Sphinx) would otherwise show this metaclass's ``__call__(*args, **kwargs)``.
         return _init_signature(cls)
 
+
+# -- buffers whose readiness must reach every client ----------------------------------------------------------------
+# RateLimitedReplayBuffer reserves its budget where the buffer lives, in one atomic step per draw: in this process
+# and the processes sharing its memory ("direct"), or in the Ray actor that hosts it ("ray", whose clients forward
+# sample(wait=..., timeout=..., cancel_event=...) and can_sample, waiting in the caller: NOTE [waiting through a Ray
+# actor] in _ray/waiting.py). A backend registered by someone else makes no such promise, so it is refused at
+# construction with TorchRL's message, before the service keywords are read. (TorchRL refuses every backend but
+# "direct"; accepting "ray" goes beyond it.)
+
+#: The backends whose handles forward the readiness calls (``wait``/``timeout``/``cancel_event``, ``can_sample``).
+READINESS_BACKENDS = ("direct", "ray")
+
+RATE_SERVICE_BACKEND = TorchRLPhrase(
+    ValueError,
+    "does not support service_backend=",
+    "{cls} does not support service_backend={backend!r}: its sample budget is reserved where the buffer lives, "
+    "and only the 'direct' and 'ray' backends forward sample(wait=...) and can_sample. Use "
+    "service_backend='direct' (share the buffer: rb.share(), or rb.as_dataset() for DataLoader workers) or "
+    "service_backend='ray'.",
+)
+
+
+class ReadinessBackendMeta(ServiceBackendMeta):
+    """:class:`ServiceBackendMeta` that refuses a ``service_backend`` outside :data:`READINESS_BACKENDS` with
+    TorchRL's message (``use_ray_service=True`` means ``"ray"``).
+
+    For a hosted buffer (``"ray"``), the class's ``check_hosted_kwargs(kwargs)`` classmethod, when it has one,
+    checks its own arguments first, so that a bad one raises here before any actor starts.
+    """
+
+    def __call__(cls, *args, **kwargs):
+        backend = kwargs.get("service_backend")
+        if kwargs.get("use_ray_service") is True:
+            backend = "ray"
+        if backend is not None and backend not in READINESS_BACKENDS:
+            raise RATE_SERVICE_BACKEND.error(cls=cls.__name__, backend=backend)
+        check = getattr(cls, "check_hosted_kwargs", None)
+        if backend is not None and backend != "direct" and check is not None:
+            check(kwargs)
+        return super().__call__(*args, **kwargs)

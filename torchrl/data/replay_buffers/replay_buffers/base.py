@@ -1,11 +1,13 @@
 """The replay buffer: a storage, a writer, a sampler and transforms behind one object.
 
-Write path: ``extend(data)`` -> inverse transforms -> ``writer.extend`` (which calls ``storage.set`` and then
-``storage.mark_update`` -> ``self.mark_update`` -> ``sampler.mark_update``) -> ``sampler.extend(index)``.
-Sample path: ``sample(batch_size)`` -> ``sampler.sample(storage, batch_size)`` -> ``storage.get(index)`` (one
-gather) -> ``collate_fn`` -> forward transforms. Sampling and writing hold one re-entrant lock around the
-storage, so a thread can extend while another samples (``prefetch=k`` samples ahead in a thread pool: see
-NOTE [prefetch epochs] in ``_prefetch.py``).
+Write path: ``extend(data)`` -> inverse transforms -> (``flow.insert(n)``: a rate limiter that gates inserts,
+only when there is one) -> ``writer.extend`` (which calls ``storage.set`` and then ``storage.mark_update`` ->
+``self.mark_update`` -> ``sampler.mark_update``) -> ``sampler.extend(index)``.
+Sample path, one route through the stages: ``sample(batch_size)`` -> the prefetcher (when it samples ahead) ->
+``flow.draw`` (counts, waits, rate limiter) -> ``_sample``: ``sampler.sample(storage, batch_size)`` ->
+``storage.get(index)`` (one gather) -> ``collate_fn`` -> forward transforms. Sampling and writing hold one
+re-entrant lock around the storage, so a thread can extend while another samples (``prefetch=k`` samples ahead in
+a thread pool: see NOTE [prefetch epochs] in ``_prefetch.py``).
 
 State: ``state_dict()``, the checkpoint part (``dumps``/``loads``) and pickling are the buffer's own fields
 plus its children's (storage, sampler, writer, transforms). Pickling (``pickle``, ``torch.save``, DataLoader
@@ -16,19 +18,20 @@ whose workers do not prefetch); the generator state travels as ``bytes``.
 Other concepts live in their packages, and the methods here delegate to them: the Hugging Face exchange
 (:mod:`~torchrl.data.replay_buffers.hf`), the DataLoader adapter
 (:mod:`~torchrl.data.replay_buffers.replay_buffers.dataset`), the checks of arguments and components
-(``_checks.py``), the service backends (``_service_backend.py``); and, in private modules beside this one, the
-construction and delayed init (``_construction.py``), the write and sample paths (``_writing.py``,
-``_batch_layout.py``, ``_sampling.py``), component swaps (``_swapping.py``), the state dict and pickled state
-(``_buffer_state.py``) and the checkpoint part (``_buffer_part.py``).
+(``_checks.py``), the service backends (``_service_backend.py``). The buffer owns two stage objects, each with its
+state: the :class:`~torchrl.data.replay_buffers.replay_buffers._prefetch.Prefetcher` (batches sampled ahead) and
+the :class:`~torchrl.data.replay_buffers.replay_buffers._readiness.FlowControl` (counters, waits, rate limiter).
 """
 
 from __future__ import annotations
 
-import collections
+import collections.abc
+import contextlib
+import copy
 import functools
+import numbers
 import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -36,26 +39,47 @@ from tensordict import TensorDictBase
 
 import torchrl.data.replay_buffers.hf.export as _hf_export
 import torchrl.data.replay_buffers.hf.importer as _hf_import
-import torchrl.data.replay_buffers.replay_buffers._buffer_part as _part
-import torchrl.data.replay_buffers.replay_buffers._buffer_state as _state
-import torchrl.data.replay_buffers.replay_buffers._construction as _construction
-import torchrl.data.replay_buffers.replay_buffers._prefetch as _prefetch
-import torchrl.data.replay_buffers.replay_buffers._readiness as _readiness
-import torchrl.data.replay_buffers.replay_buffers._sampling as _sampling
-import torchrl.data.replay_buffers.replay_buffers._swapping as _swapping
-import torchrl.data.replay_buffers.replay_buffers._writing as _writing
-from torchrl.data.replay_buffers._checkpoint.generator_state import generator_from_state
-from torchrl.data.replay_buffers._checkpoint.parts import PartContext
+from torchrl._phrases import TorchRLPhrase
+from torchrl._validation import check_int
+from torchrl.data.replay_buffers._checkpoint.generator_state import generator_from_state, generator_to_state
+from torchrl.data.replay_buffers._checkpoint.parts import (
+    PartContext,
+    check_class,
+    check_part,
+    dump_part,
+    load_part,
+    qualname,
+)
+from torchrl.data.replay_buffers._checkpoint.validate import check_int_field
 from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
-from torchrl.data.replay_buffers.errors import torchrl_error, torchrl_warning
+from torchrl.data.replay_buffers.errors import CheckpointError
 from torchrl.data.replay_buffers.loading.collate import stack_samples
 from torchrl.data.replay_buffers.query import query_replay_buffer
-from torchrl.data.replay_buffers.replay_buffers._batch_layout import items_in
+from torchrl.data.replay_buffers.replay_buffers._batch_layout import (
+    items_in,
+    move_dim_to_front,
+    next_row,
+    shares_memory,
+)
 from torchrl.data.replay_buffers.replay_buffers._checks import (
+    built,
+    check_compat_keywords,
+    check_component,
+    check_consuming_buffer,
+    check_drop_last,
     check_sample_batch_size,
+    check_sampler_fits_storage,
+    component_or_factory,
+    consuming_sampler_for,
+    default_writer_for,
     share_transform_write_state,
 )
-from torchrl.data.replay_buffers.replay_buffers._save_hooks import check_save_hook, dump_with_save_hooks
+from torchrl.data.replay_buffers.replay_buffers._prefetch import DRAW_TURNS, Prefetcher
+from torchrl.data.replay_buffers.replay_buffers._readiness import (
+    FlowControl,
+    check_counter_state,
+    check_wait_args,
+)
 from torchrl.data.replay_buffers.replay_buffers._service_backend import ServiceBackendMeta
 from torchrl.data.replay_buffers.replay_buffers.conditional_update import (
     ConditionalUpdateResult,
@@ -66,15 +90,46 @@ from torchrl.data.replay_buffers.replay_buffers.dataset import (
     unshared_stateful_component,
 )
 from torchrl.data.replay_buffers.replay_buffers.rate_limiters import RateLimiter
-from torchrl.data.replay_buffers.samplers import Sampler
-from torchrl.data.replay_buffers.storages import Storage, TensorStorage
+from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
+from torchrl.data.replay_buffers.storages import ListStorage, Storage, TensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter, Writer
 from torchrl.envs.transforms.transforms import Compose, _InvertTransform, as_transform
 
+ADD_BATCHED = TorchRLPhrase(
+    UserWarning,
+    r"Using `add\(\)` with a TensorDict that has batch_size",
+    "Using `add()` with a TensorDict that has batch_size {batch_size}: the whole TensorDict is stored as one "
+    "item. Use `extend()` to store its {n} elements as separate items.",
+)
+SAMPLE_WITHOUT_BATCH_SIZE = TorchRLPhrase(
+    RuntimeError,
+    "batch_size not specified",
+    "batch_size not specified: neither sample() nor the buffer got one. Call rb.sample(batch_size), or build "
+    "the buffer with batch_size=...",
+)
+ITERATE_WITHOUT_BATCH_SIZE = TorchRLPhrase(
+    RuntimeError,
+    "Cannot iterate over the replay buffer. Batch_size was not specified",
+    "Cannot iterate over the replay buffer. Batch_size was not specified when the buffer was built, so an "
+    "iteration does not know how much to draw. Build the buffer with batch_size=..., or call "
+    "rb.sample(batch_size) in a loop.",
+)
+PREFETCH_SHARED = TorchRLPhrase(
+    ValueError,
+    "Cannot share prefetched replay buffers.*prefetch=0.*shared=False",
+    "Cannot share prefetched replay buffers (got prefetch={prefetch}, shared=True): prefetched batches are "
+    "drawn in one process and cannot be split between processes. Pass prefetch=0 to share the buffer, or "
+    "shared=False to prefetch.",
+)
+
 # the iterator behind ReplayBuffer.next(), per buffer: kept out of the buffer's __dict__ (never pickled)
 _NEXT_ITERATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# the fields made by _make_runtime_state (and the prefetch chain's last turn): never pickled
-_RUNTIME_STATE = ("_replay_lock", "_futures_lock", "_prefetch_queue", "_prefetch_executor", "_last_draw_turn")
+# the fields made by _make_runtime_state: never pickled
+_RUNTIME_STATE = ("_replay_lock", "_first_stage")
+# the children of a buffer's checkpoint part, in the order they are saved; the small ones are loaded before the
+# storage and put back if a later load raises
+_CHECKPOINT_ROLES = ("storage", "sampler", "writer", "transforms")
+_SMALL_CHILDREN = ("sampler", "writer", "transforms")
 
 
 def _identity(x):
@@ -149,6 +204,21 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
     ``stats()`` holds the cumulative counters ``write_count``, ``sample_calls`` and ``samples_returned``, which
     checkpoints keep.
 
+    Subclass contract: a subclass changes what a draw or a write does through these protected hooks; it may read
+    the fields the buffer sets (``_storage``, ``_sampler``, ``_writer``, ``_transform``, ``_batch_size``,
+    ``_dim_extend``, ``_sample_unit``, ``_rng``, ``_replay_lock``, ``_flow``) and changes them only through the
+    methods:
+
+    - ``_sample(batch_size, transform=True) -> (batch, info)``: one draw (sampler, storage read, collate,
+      forward transforms unless ``transform=False``); every route of :meth:`sample`, :meth:`sample_raw` and the
+      prefetch tasks ends here. Override it to change a batch after the draw (HER relabels goals, an ensemble
+      draws from its members), calling ``super()._sample`` for the draw itself.
+    - ``_as_stored_batch(data)``: written data through the inverse transforms, items first (``None``: all
+      dropped); ``_write_batch(batch, priority=None, timeout=None)`` and ``_write_item(data, priority=None,
+      timeout=None)``: a batch (of ``_as_stored_batch``) or one item written with its priorities, behind the
+      flow control and under the buffer's locks (a TensorDict buffer reads the priorities from the data).
+    - ``_default_writer(compilable)``: the writer of a buffer built without one.
+
     Examples:
         >>> import torch
         >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
@@ -164,7 +234,6 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
     _compilable = False
     _shut_down = False  # set by shutdown(): is_alive is then False
     _initialized = True  # False until a buffer built with delayed init is built (_ready)
-    _limiter: RateLimiter | None = None  # the rate limiter (rate_limiter=, RateLimitedReplayBuffer's budget)
 
     def __init__(
         self,
@@ -188,22 +257,38 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         checkpointer=None,
         rate_limiter: RateLimiter | None = None,
     ) -> None:
-        checked = _construction.check_arguments(
-            rate_limiter=rate_limiter, transform=transform, transform_factory=transform_factory,
-            consume_after_n_samples=consume_after_n_samples, compilable=compilable, delayed_init=delayed_init,
-            sample_unit=sample_unit, batch_size=batch_size, prefetch=prefetch, shared=shared, storage=storage,
-            sampler=sampler, writer=writer, dim_extend=dim_extend, generator=generator,
+        if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
+            raise TypeError(
+                f"`rate_limiter` must be a RateLimiter (MinSize, SampleToInsertRatio) or None, got "
+                f"{type(rate_limiter).__name__}."
+            )
+        transform, compilable, sample_unit, delay = check_compat_keywords(
+            transform=transform, transform_factory=transform_factory, consume_after_n_samples=consume_after_n_samples,
+            compilable=compilable, delayed_init=delayed_init, sample_unit=sample_unit,
         )  # fmt: skip
-        self._limiter = rate_limiter
-        self._flow = _readiness.FlowState()
-        transform, self._compilable, self._sample_unit = checked.transform, checked.compilable, checked.sample_unit
-        self._batch_size, storage, sampler, writer = checked.batch_size, checked.storage, checked.sampler, checked.writer
-        self._prefetch = int(prefetch or 0)
+        batch_size = None if batch_size is None else check_sample_batch_size(batch_size)
+        check_int("prefetch", prefetch, minimum=0, allow_none=True, type_error=False)
+        if prefetch and shared:
+            raise PREFETCH_SHARED.error(prefetch=prefetch)
+        consuming = consume_after_n_samples is not None or getattr(sampler, "consumes_items", False)
+        if prefetch and batch_size is None and not consuming:  # consuming: refused when built, as in TorchRL
+            raise ValueError("`prefetch` samples ahead with the buffer's `batch_size`: pass batch_size too.")
+        check_int("dim_extend", dim_extend, minimum=0, allow_none=True, type_error=False)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"`generator` must be a torch.Generator or None, got {type(generator).__name__}.")
+        storage = component_or_factory("storage", storage, Storage)
+        sampler = component_or_factory("sampler", sampler, Sampler)
+        writer = component_or_factory("writer", writer, Writer)
+        if delay and isinstance(sampler, Sampler):  # a delayed buffer checks what it can at construction
+            check_drop_last(sampler, batch_size)
+        self._compilable, self._sample_unit, self._batch_size = compilable, sample_unit, batch_size
+        self._flow = FlowControl(limiter=rate_limiter)  # the stages: readiness, rate limiting, prefetching
+        self._prefetcher = Prefetcher(int(prefetch or 0), batch_size, self._flow)
         args = dict(
             collate_fn=collate_fn, pin_memory=pin_memory, dim_extend=dim_extend, generator=generator, shared=shared,
             consume_after_n_samples=consume_after_n_samples, checkpointer=checkpointer,
         )  # fmt: skip
-        if checked.delay:  # TorchRL's delayed init: the components are built by the first write (see _ready)
+        if delay:  # TorchRL's delayed init: the components are built by the first write (see _ready)
             self._initialized = False
             self._init_storage, self._init_sampler, self._init_writer = storage, sampler, writer
             self._init_transform, self._init_args = transform, args
@@ -212,19 +297,29 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             self._make_runtime_state()
             return
         self._initialized = True
-        self._build(*_construction.built_components(storage, sampler, writer, transform, None), **args)
+        self._build(*_built_components(storage, sampler, writer, transform, None), **args)
 
     def _build(
         self, storage, sampler, writer, transform, *, collate_fn, pin_memory, dim_extend, generator, shared,
         consume_after_n_samples, checkpointer,
     ) -> None:  # fmt: skip
-        """Builds and wires the components (at construction, or at the first write of a delayed buffer); the
-        defaults and checks are ``_construction.py``'s."""
-        self._storage, self._sampler, self._writer = _construction.checked_components(
-            storage, sampler, writer, compilable=self._compilable, default_writer=self._default_writer,
-            consume_after_n_samples=consume_after_n_samples, prefetch=self._prefetch, batch_size=self._batch_size,
-            checkpointer=checkpointer,
-        )  # fmt: skip
+        """Builds and wires the components (at construction, or at the first write of a delayed buffer): the
+        defaults for the ``None`` ones (``ListStorage(1000)``, ``_default_writer``, :class:`RandomSampler` or the
+        consuming sampler), checked together; ``checkpointer`` (TorchRL's keyword, the storage's dumps/loads
+        layout) is set on the storage when given."""
+        compilable = self._compilable
+        storage = ListStorage(1000, compilable=compilable) if storage is None else storage
+        writer = default_writer_for(storage, self._default_writer, compilable) if writer is None else writer
+        storage = check_component("storage", storage, Storage)
+        sampler = consuming_sampler_for(sampler, consume_after_n_samples)
+        sampler = check_component("sampler", sampler if sampler is not None else RandomSampler(), Sampler)
+        writer = check_component("writer", writer, Writer)
+        check_sampler_fits_storage(sampler, storage)
+        check_consuming_buffer(sampler, storage, writer, self._prefetcher.capacity)
+        check_drop_last(sampler, self._batch_size)
+        if checkpointer is not None:
+            storage.checkpointer = checkpointer
+        self._storage, self._sampler, self._writer = storage, sampler, writer
         self._storage.attach(self)
         self._writer.register_storage(self._storage)
         self._collate_fn = collate_fn if collate_fn is not None else self._default_collate()
@@ -235,6 +330,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         self._rng: torch.Generator | None = None
         if not hasattr(self, "_replay_lock"):
             self._make_runtime_state()
+        self._flow.bind(self, self._sampler, self._storage, self._writer)
         if shared:
             self.share(True)
         self.set_rng(generator)
@@ -246,11 +342,11 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         ``transform_factory``), once: called by the methods that use them, the first write in particular."""
         if self._initialized:
             return
-        with self._futures_lock:
+        with self._replay_lock:
             if self._initialized:
                 return
-            components = _construction.built_components(self._init_storage, self._init_sampler, self._init_writer,
-                                                          self._init_transform, self._init_transform_factory)  # fmt: skip
+            components = _built_components(self._init_storage, self._init_sampler, self._init_writer,
+                                           self._init_transform, self._init_transform_factory)  # fmt: skip
             self._initialized = True  # the methods _build calls (share, set_rng) must not build again
             try:
                 self._build(*components, **self._init_args)
@@ -261,7 +357,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
                          "_init_transform_factory"):
                 delattr(self, name)
 
-    # -- construction helpers (the defaults are _construction.py's) ---------------------------------------------
+    # -- construction helpers -----------------------------------------------------------------------------------
     @staticmethod
     def _default_writer(compilable: bool = False) -> Writer:
         return RoundRobinWriter(compilable=compilable)
@@ -271,14 +367,39 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
 
     @staticmethod
     def _as_compose(transform) -> Compose:
-        return _construction.as_compose(transform)
+        """``transform`` as the buffer's :class:`~torchrl.envs.transforms.Compose` (empty for ``None``)."""
+        if transform is None:
+            return Compose()
+        if isinstance(transform, Compose):
+            return transform
+        return Compose(as_transform(transform))
 
     def _make_runtime_state(self) -> None:
-        """Locks, thread pool and prefetch queue: never pickled, rebuilt empty in every copy."""
+        """The lock, and the first stage of :meth:`sample` (the prefetcher when it samples ahead, else the flow
+        control): never pickled, rebuilt in every copy (the prefetcher rebuilds its own thread pool and queue)."""
         self._replay_lock = threading.RLock()
-        self._futures_lock = threading.RLock()
-        self._prefetch_queue: collections.deque = collections.deque()
-        self._prefetch_executor = ThreadPoolExecutor(max_workers=self._prefetch) if self._prefetch else None
+        self._first_stage = self._prefetcher if self._prefetcher.capacity else self._flow
+
+    # TorchRL's buffer fields of its prefetch queue, kept as views of the prefetcher's (code written for TorchRL
+    # reads them)
+    @property
+    def _prefetch_queue(self) -> collections.abc.Sequence:
+        return self._prefetcher.queue
+
+    @property
+    def _prefetch_executor(self):
+        return self._prefetcher.executor
+
+    @property
+    def _futures_lock(self):
+        return self._prefetcher.lock
+
+    @_futures_lock.setter
+    def _futures_lock(self, lock) -> None:
+        self._prefetcher.lock = lock
+
+    def _set_batch_size(self, batch_size: int | None) -> None:
+        self._batch_size = self._prefetcher.batch_size = batch_size
 
     def share(self, shared: bool = True) -> ReplayBuffer:
         """Prepares the buffer to be written from several processes.
@@ -310,6 +431,12 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         self._writer.share_memory_()
         self._flow.share_memory_()  # the readiness counters and the limiter's reservations: NOTE [readiness and waiting]
         return self
+
+    @property
+    def replay_lock(self):
+        """The buffer's re-entrant lock, held around every read and write of its components in this process; a
+        reader of several buffers at once (:class:`~torchrl.data.ReplayBufferEnsemble`) holds each member's."""
+        return self._replay_lock
 
     @property
     def write_lock(self):
@@ -420,26 +547,45 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         a UserWarning): use :meth:`extend` to write a batch of items. ``timeout``: see :meth:`extend`.
         """
         self._ready()
-        with self._insert_gate(1, timeout):
-            return self._add_now(data)
+        return self._write_item(data, None, timeout)
 
-    def _add_now(self, data) -> Any:
+    def _write_item(self, data, priority=None, timeout=None) -> Any:
+        """Writes one item and its ``priority`` if given (a hook: see the class docstring), behind the flow
+        control: a rate limiter's permission first (``timeout``: see :meth:`extend`), the waiting readers woken
+        after."""
+        flow = self._flow
+        if timeout is None and not flow.gates_inserts:
+            index = self._add_now(data, priority)
+            if flow.waiters:
+                flow.notify()
+            return index
+        with flow.insert(1, timeout):
+            return self._add_now(data, priority)
+
+    def _add_now(self, data, priority) -> Any:
         if isinstance(data, TensorDictBase) and data.batch_dims >= self._storage.ndim:  # a row of ndim=2: fine
-            torchrl_warning("add_batched", batch_size=list(data.batch_size), n=data.batch_size[0])
-        if len(self._transform):
-            data = self._inv_transform_item(data)
+            ADD_BATCHED.warn(stacklevel=3, batch_size=list(data.batch_size), n=data.batch_size[0])
+        if len(self._transform):  # one item through the inverse transforms; dropped: nothing written
+            if isinstance(data, TensorDictBase):  # unsqueeze gives a new TensorDict: the caller's is untouched
+                data = self._transform.inv(data.unsqueeze(0))
+                if data is None or (data.batch_dims and data.batch_size[0] == 0):
+                    return torch.zeros((0, self._storage.ndim), dtype=torch.long)
+                data = data.squeeze(0)
+            else:
+                data = self._transform.inv(data)
             if data is None:
                 return torch.zeros((0, self._storage.ndim), dtype=torch.long)
+        sampler, writer = self._sampler, self._writer
         with self._replay_lock, self._storage.write_lock:
-            return _writing.add_locked(data, self._writer, self._sampler)
-
-    def _insert_gate(self, n: int, timeout):
-        """Around a write of ``n`` items: a rate limiter's permission first, the waiting readers woken after
-        (``_writing.insert_gate``)."""
-        return _writing.insert_gate(self, self._flow, self._limiter, n, timeout)
-
-    def _inv_transform_item(self, data):
-        return _writing.inv_transform_item(self._transform, data)
+            if sampler.consumes_items:  # consumed slots first (the writer was checked at construction)
+                index = writer.add_free_first(data, sampler.free_slots)
+            else:
+                index = writer.add(data)
+            if index is not None:  # None: a top-k writer rejected the item
+                sampler.add(index)
+                if priority is not None:
+                    self.update_priority(index, priority)
+        return index
 
     def extend(self, data, *, timeout: float | None = None) -> torch.Tensor:
         """Writes a batch (first dim = items, or ``dim_extend``) and returns the written indices.
@@ -454,29 +600,62 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
                 ``TimeoutError`` (which names the side that waited and the counters). Defaults to ``None``
                 (as long as it takes).
         """
-        self._ready()
+        if not self._initialized:
+            self._ready()
         data = self._as_stored_batch(data)
         if data is None:  # the transforms dropped the whole batch (e.g. a MultiStepTransform holding steps back)
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         return self._write_batch(data, timeout=timeout)
 
     def _as_stored_batch(self, data):
-        """``data`` through the inverse transforms, items first; ``None`` when the transforms dropped it."""
-        return _writing.as_stored_batch(data, self._storage, self._transform, self._dim_extend)
+        """``data`` through the inverse transforms, items first; ``None`` when the transforms dropped it (a hook:
+        see the class docstring)."""
+        if isinstance(data, (range, tuple, set, collections.abc.Iterator)) and isinstance(self._storage, ListStorage):
+            data = list(data)  # a list storage takes any iterable of items, e.g. rb.extend(range(2000))
+        transform = self._transform
+        if len(transform.transforms):  # (Compose's list: no call into Compose on the write path)
+            if isinstance(data, TensorDictBase):
+                data = data.clone(False)  # transforms edit the structure in place, not the caller's TensorDict
+            data = transform.inv(data)
+            if data is None:
+                return None
+        if self._dim_extend > 0:
+            data = move_dim_to_front(data, self._dim_extend)
+        return data
 
     def _write_batch(self, data, priority=None, timeout=None) -> torch.Tensor:
-        """Writes a batch laid out as the storage expects, and its ``priority`` if given, in one locked step.
+        """Writes a batch laid out as the storage expects, and its ``priority`` if given, in one locked step (a
+        hook: see the class docstring).
 
-        The writer's :meth:`~torchrl.data.Writer.prepare` (validation) runs before the write lock, so writer
-        processes overlap it; cursor, rows, counters, sampler and priorities change under the lock. A rate
-        limiter's permission is obtained first, outside every lock (``timeout``: see :meth:`extend`).
+        A rate limiter's permission is obtained first, outside every lock (``timeout``: see :meth:`extend`). The
+        writer's :meth:`~torchrl.data.Writer.prepare` (validation) runs before the storage's write lock, so writer
+        processes overlap it; cursor, rows, counters, sampler and priorities change under the lock. The waiting
+        readers are woken after the write.
         """
-        with self._insert_gate(items_in(data), timeout):
-            return self._write_batch_now(data, priority)
+        flow = self._flow
+        if timeout is None and not flow.gates_inserts:
+            index = self._write_now(data, priority)
+            if flow.waiters:
+                flow.notify()
+            return index
+        with flow.insert(items_in(data), timeout):
+            return self._write_now(data, priority)
 
-    def _write_batch_now(self, data, priority) -> torch.Tensor:
+    def _write_now(self, data, priority) -> torch.Tensor:
+        sampler, writer, storage = self._sampler, self._writer, self._storage
         with self._replay_lock:
-            return _writing.write_locked(data, priority, self._storage, self._writer, self._sampler, self.update_priority)
+            if sampler.consumes_items:  # consumed slots first (the writer was checked at construction)
+                with storage.write_lock:
+                    index = writer.extend_free_first(data, sampler.free_slots)
+                    sampler.extend(index)
+                return index
+            data = writer.prepare(data)
+            with storage.write_lock:
+                index = writer.extend(data)
+                sampler.extend(index)
+                if priority is not None and index.numel():
+                    self.update_priority(index, priority)
+        return index
 
     def mark_update(self, index) -> None:
         """Called by the writer after a write; forwards ``index`` to the sampler."""
@@ -498,8 +677,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
     def empty(self, empty_write_count: bool = True) -> None:
         """Removes every item; the sampler and writer start over."""
         self._ready()
-        with self._futures_lock:
-            self._prefetch_queue.clear()
+        self._prefetcher.clear()
         with self._replay_lock, self._storage.write_lock:
             self._writer._empty(empty_write_count=empty_write_count)
             self._sampler._empty()
@@ -510,7 +688,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
     def _resolve_batch_size(self, batch_size) -> int:
         if batch_size is None:
             if self._batch_size is None:
-                raise torchrl_error("sample_without_batch_size")
+                raise SAMPLE_WITHOUT_BATCH_SIZE.error()
             return self._batch_size
         return check_sample_batch_size(batch_size)
 
@@ -556,31 +734,13 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             >>> rb.stats()["sample_calls"], rb.stats()["samples_returned"]
             (1, 4)
         """
-        # every line here runs on each sample; readiness must cost nothing measurable beside the draw when
-        # nothing waits (issue 27: benchmarks/readiness_cost.py), so the common cases are written out
+        # one route through the stages: the prefetcher (when it samples ahead), the flow control (counters, waits,
+        # rate limiter), then one draw (_sample); every line here runs on each sample
         if not self._initialized:
             self._ready()
         bs = self._batch_size if batch_size is None and self._batch_size is not None else (
             self._resolve_batch_size(batch_size))  # fmt: skip
-        waits = wait is not False or timeout is not None or cancel_event is not None
-        if waits and (wait is not True or timeout is not None or cancel_event is not None):
-            timeout = _readiness.check_wait_args(wait, timeout, cancel_event)
-        limiter = self._limiter
-        if self._prefetch and bs == self._batch_size:
-            if waits or limiter is not None:
-                data, info = self._gated_sample(bs, wait, timeout, cancel_event)
-            else:
-                data, info = self._sample_prefetched(bs, self._counted_draw)
-        elif limiter is not None:  # reserve, draw, commit (shut down: raises)
-            data, info = _readiness.limited_draw(
-                self, self._flow, limiter, bs, wait, timeout, cancel_event, self._sample, self._sampler,
-                self._storage, self._writer,
-            )  # fmt: skip
-        else:
-            if wait and (cancel_event is not None or not self._sampler.can_sample(self._storage, bs)):
-                _readiness.wait_for_data(self, self._flow, bs, timeout=timeout, cancel_event=cancel_event)
-            data, info = self._sample(bs)
-            self._flow.count_batch(info, bs)
+        data, info = self._first_stage.draw(bs, wait, timeout, cancel_event, self._sample)
         return (data, info) if return_info else data
 
     def query(self, predicate=None, *, trajectory_key=None) -> list:
@@ -616,20 +776,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             >>> rb.can_sample(), rb.extend(torch.arange(2)).numel(), rb.can_sample()
             (False, 2, True)
         """
-        return _readiness.can_sample(self, self._flow, self._limiter, self._resolve_batch_size(batch_size))
-
-    def _gated_sample(self, bs: int, wait, timeout, cancel_event):
-        """:meth:`sample` through the prefetch queue with a wait, a timeout, a cancel event or a rate limiter
-        (see ``_readiness.py``); ``timeout`` is checked already."""
-        now = functools.partial(_readiness.gated_draw, self, self._flow, self._limiter, wait=wait, timeout=timeout,
-                                cancel_event=cancel_event, draw=self._sample)  # fmt: skip
-        return self._sample_prefetched(bs, now)
-
-    def _counted_draw(self, bs: int, transform: bool = True):
-        """One draw, counted in ``sample_calls`` and ``samples_returned`` (the fast path of :meth:`sample`)."""
-        data, info = self._sample(bs, transform)
-        self._flow.count_batch(info, bs)
-        return data, info
+        return self._flow.can_sample(self._resolve_batch_size(batch_size))
 
     def sample_raw(self, batch_size: int | None = None, return_info: bool = False, *, wait: bool = False,
                    timeout: float | None = None, cancel_event=None):  # fmt: skip
@@ -649,50 +796,63 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         """
         self._ready()
         if wait is not False or timeout is not None or cancel_event is not None:
-            timeout = _readiness.check_wait_args(wait, timeout, cancel_event)
-        data, info = _readiness.gated_draw(
-            self, self._flow, self._limiter, self._resolve_batch_size(batch_size), wait=wait, timeout=timeout,
-            cancel_event=cancel_event, draw=functools.partial(self._sample, transform=False),
-        )  # fmt: skip
+            check_wait_args(wait, timeout, cancel_event)
+        data, info = self._flow.draw(self._resolve_batch_size(batch_size), wait, timeout, cancel_event,
+                                     functools.partial(self._sample, transform=False))  # fmt: skip
         return (data, info) if return_info else data
 
-    def _sample_prefetched(self, bs: int, now):
-        """The next batch of the prefetch queue (``now(bs)`` draws one when it is empty), then tops the queue up.
-
-        With a rate limiter, a batch is only prefetched when the limiter permits it at once: its records are
-        reserved when the task is queued and counted when it draws, so batches sampled ahead count against the
-        budget (a cancelled task releases its reservation)."""
-        with self._futures_lock:  # see NOTE [prefetch epochs] in _prefetch.py
-            result, ended, self._last_draw_turn = _sampling.next_prefetched(
-                self, self._prefetch_queue, bs, now, capacity=self._prefetch, executor=self._prefetch_executor,
-                sampler=self._sampler, limiter=self._limiter, flow=self._flow, counted_draw=self._counted_draw,
-                sample=self._sample, previous=getattr(self, "_last_draw_turn", None),
-            )  # fmt: skip
-        self._epoch_ended = ended
-        return result
-
     def _sample(self, batch_size: int, transform: bool = True):
-        """One draw: ``(batch, info)``, through the forward transforms unless ``transform=False`` (see
-        ``_sampling.py``); subclasses extend it (e.g. HER relabels the batch)."""
-        turn = _sampling.wait_for_turn()  # a prefetch task: draw after the task submitted before it
+        """One draw: ``(batch, info)``, through the forward transforms unless ``transform=False`` (a hook: see the
+        class docstring).
+
+        A prefetch task (or the prefetcher's draw made at once) waits for its turn and records whether its draw
+        ended the sampler's epoch (NOTE [prefetch epochs] in ``_prefetch.py``). Under the buffer's lock:
+        ``sampler.sample(storage, B)`` -> ``(index, info)`` -> the sample unit's expansion, if any ->
+        ``info["index"]`` (and ``"index_generation"`` for a writer that tracks generations) -> one
+        ``storage.get``; then, outside the lock, ``collate_fn`` (unless one item was read) -> the forward
+        transforms -> ``pin_memory`` (when asked and CUDA is available).
+        """
+        turn = getattr(DRAW_TURNS, "turn", None)
+        if turn is not None:  # draw after the task submitted before this one
+            turn.wait_previous()
+        sampler, storage = self._sampler, self._storage
         with self._replay_lock:
-            data, info = _sampling.read_drawn(self._sampler, self._storage, self._writer, batch_size,
-                                              unit=self._sample_unit, turn=turn)  # fmt: skip
-        return _sampling.finish_batch(data, info, self._collate_fn, self._transform if transform else None,
-                                      self._pin_memory)  # fmt: skip
+            try:
+                index, info = sampler.sample(storage, batch_size)
+                if turn is not None:
+                    turn.ran_out = sampler.ran_out
+            finally:
+                if turn is not None:
+                    turn.release()
+            unit = self._sample_unit
+            if unit is not None:  # see torchrl.data.replay_buffers.sample_units
+                index, info = unit.expand(index, info, storage)
+            info["index"] = index
+            if self._writer.tracks_generations:
+                info["index_generation"] = self._writer.generations_of(index)
+            data = storage.get(index) if unit is None else unit.read(storage, index)
+        collate = self._collate_fn
+        if collate is not _identity and not isinstance(index, int):
+            data = collate(data)
+        if transform and len(self._transform.transforms):  # (Compose's list: no call into Compose per draw)
+            data = self._transform(data)
+        if self._pin_memory and torch.cuda.is_available() and hasattr(data, "pin_memory"):
+            data = data.pin_memory()
+        return data, info
 
     def __iter__(self):
         """Yields batches of ``batch_size`` until the sampler runs out (endless for samplers that never do)."""
         self._ready()
         if self._batch_size is None:
-            raise torchrl_error("iterate_without_batch_size")
+            raise ITERATE_WITHOUT_BATCH_SIZE.error()
         self._sampler.ran_out = False
         if self._sampler.consumes_items and not len(self):  # everything consumed: no batch
             return
+        prefetcher = self._prefetcher
         while True:
-            self._epoch_ended = None
+            prefetcher.epoch_ended = None
             yield self.sample()
-            ended = self._epoch_ended  # from a prefetched batch: see NOTE [prefetch epochs] in _prefetch.py
+            ended = prefetcher.epoch_ended  # from a prefetched batch: see NOTE [prefetch epochs] in _prefetch.py
             if self._sampler.ran_out if ended is None else ended:
                 return
 
@@ -719,8 +879,15 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             if isinstance(value, TensorDictBase):
                 value = value.clone(False)
             value = self._transform.inv(value)
-        with self._replay_lock, self._storage.write_lock:
-            _writing.set_rows(self._storage, index, value, self._dim_extend)
+        storage = self._storage
+        with self._replay_lock, storage.write_lock:
+            if isinstance(storage, TensorStorage) and len(storage) and shares_memory(value, storage[:]):
+                value = value.clone()  # a read of the storage written back: source and destination overlap
+            storage.set_in_layout(index, value, self._dim_extend)
+            if isinstance(index, slice):
+                index = torch.arange(*index.indices(storage.rows_written()))
+            if not isinstance(index, tuple):  # overwritten items are new items for the sampler
+                storage.mark_update(index)
         self._flow.notify()
 
     # -- transforms ---------------------------------------------------------------------------------------------
@@ -768,21 +935,31 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         out = {
             "size": len(self),
             "write_count": self.write_count,
-            "prefetch_queue_size": len(self._prefetch_queue),
+            "prefetch_queue_size": len(self._prefetcher.queue),
             "initialized": self._initialized,
         }
         capacity = getattr(storage, "max_size", None) if isinstance(storage, Storage) else None
         if capacity is not None and capacity < torch.iinfo(torch.int64).max:
             out["capacity"] = int(capacity)
             out["utilization"] = len(self) / capacity if capacity else 0.0
-        out.update(_readiness.flow_stats(self, self._flow, self._limiter))
+        out.update(self._flow.stats())
         return out
 
     # -- in-place edits of the stored data (TorchRL's set_, set_at_, update_, update_if_present) ----------------
     def _edit_rows(self, index, edit) -> None:
         self._ready()
-        with self._replay_lock, self._storage.write_lock:
-            _writing.edit_rows(self._storage, index, edit)
+        storage = self._storage
+        with self._replay_lock, storage.write_lock:
+            if index is None:
+                index = torch.arange(storage.rows_written())
+            data = storage.get(index)
+            if not isinstance(data, TensorDictBase):
+                raise TypeError(
+                    f"In-place edits need a storage of TensorDicts; this buffer's storage returned "
+                    f"{type(data).__name__}. Write the new values with rb[index] = value instead."
+                )
+            edit(data)
+            storage.set(index, data, set_cursor=False)
 
     def set_(self, key, value) -> None:
         """Sets entry ``key`` of every stored item to ``value`` (shaped like the stored rows)."""
@@ -883,7 +1060,14 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             (5, False, [0, 2, 4, 6, 8], [0, 1, 2, 3, 4])
         """
         self._ready()
-        check_save_hook(hook, self._storage)
+        if not callable(hook):
+            raise TypeError(f"A save hook must be a callable hook(data, path=path), got {type(hook).__name__}.")
+        storage = self._storage
+        if not callable(getattr(storage, "set", None)) or not hasattr(storage, "last_written_row"):
+            raise TypeError(
+                f"Save hooks rewrite the stored items of a tensor storage (LazyTensorStorage, LazyMemmapStorage); "
+                f"this buffer's storage is a {type(storage).__name__}. Transform the data before writing it instead."
+            )
         self.__dict__.setdefault("_save_hooks", []).append(hook)
 
     def register_load_hook(self, hook) -> None:
@@ -893,16 +1077,33 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
 
     # -- swapping components (set_storage, set_writer, set_sampler) and shutdown --------------------------------
     def _swap(self, attribute: str, component, wire) -> object:
-        """Replaces ``self.<attribute>`` by ``component`` once no prefetch task runs, then calls ``wire()``."""
+        """Replaces ``self.<attribute>`` by ``component`` once no prefetch task runs (the batches sampled ahead
+        from the component being replaced are dropped), then calls ``wire(previous)``."""
         self._ready()
-        with self._futures_lock:
-            _prefetch.wait(self._prefetch_queue)  # before the replay lock, which prefetch tasks take
-            self._prefetch_queue.clear()  # sampled from the component being replaced
+        with self._prefetcher.paused(clear=True):  # before the replay lock, which prefetch tasks take
             with self._replay_lock, self._storage.write_lock:
                 previous = getattr(self, attribute)
                 setattr(self, attribute, component)
                 wire(previous)
+                self._flow.bind(self, self._sampler, self._storage, self._writer)
         return previous
+
+    def _check_swap(self, role: str, component) -> None:
+        """Checks the buffer that swapping its ``role`` component (``"storage"``, ``"writer"`` or ``"sampler"``)
+        for ``component`` would give, before anything changes."""
+        parts = {"storage": self._storage, "sampler": self._sampler, "writer": self._writer, role: component}
+        check_component(role, component, {"storage": Storage, "sampler": Sampler, "writer": Writer}[role])
+        if role != "writer":
+            check_sampler_fits_storage(parts["sampler"], parts["storage"])
+        check_consuming_buffer(parts["sampler"], parts["storage"], parts["writer"], self._prefetcher.capacity)
+        if role == "sampler":
+            check_drop_last(component, self._batch_size)
+
+    @staticmethod
+    def _announce_items(sampler, storage) -> None:
+        """Tells ``sampler`` of the items ``storage`` holds (a prioritized sampler gives them its default priority)."""
+        if len(storage):
+            sampler.mark_update(torch.arange(len(storage)), storage=storage)
 
     def set_storage(self, storage: Storage, collate_fn=None) -> Storage:
         """Replaces the storage and returns the previous one.
@@ -926,15 +1127,24 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             >>> type(old).__name__, len(old), rb[:]
             ('ListStorage', 2, tensor([0, 1, 2]))
         """
-        _swapping.check_swap("storage", storage=storage, sampler=self._sampler, writer=self._writer,
-                             prefetch=self._prefetch, batch_size=self._batch_size)  # fmt: skip
+        self._check_swap("storage", storage)
 
         def wire(previous: Storage) -> None:
-            _swapping.move_to_storage(self, previous, storage, self._writer, shared=self._shared)
+            writer = self._writer
+            previous.detach(self)
+            storage.attach(self)
+            writer.register_storage(storage)
+            if getattr(storage, "writable", True):  # the writer starts after the rows the new storage holds
+                writer._empty(empty_write_count=False)
+                if len(storage):
+                    with contextlib.suppress(AttributeError):  # a writer that keeps no cursor
+                        writer._cursor = next_row(storage)
+            if self._shared and hasattr(storage, "share_memory_"):
+                storage.share_memory_()
             self._collate_fn = collate_fn if collate_fn is not None else self._default_collate()
             self._dim_extend = min(self._dim_extend, storage.ndim - 1)
             self.set_rng(self._rng)  # routes the buffer's generator to the new storage
-            _swapping.announce_items(self._sampler, storage)
+            self._announce_items(self._sampler, storage)
 
         return self._swap("_storage", storage, wire)
 
@@ -953,8 +1163,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             >>> rb[:]
             tensor([7, 1, 2])
         """
-        _swapping.check_swap("writer", storage=self._storage, sampler=self._sampler, writer=writer,
-                             prefetch=self._prefetch, batch_size=self._batch_size)  # fmt: skip
+        self._check_swap("writer", writer)
 
         def wire(previous: Writer) -> None:
             writer.register_storage(self._storage)
@@ -985,14 +1194,13 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             >>> sorted(torch.cat([rb.sample(), rb.sample()]).tolist()) == list(range(10))
             True
         """
-        _swapping.check_swap("sampler", storage=self._storage, sampler=sampler, writer=self._writer,
-                             prefetch=self._prefetch, batch_size=self._batch_size)  # fmt: skip
+        self._check_swap("sampler", sampler)
 
         def wire(previous: Sampler) -> None:
             self.set_rng(self._rng)
             if self._shared and sampler.requires_shared_state and sampler.can_share_state:
                 sampler.share_memory_()
-            _swapping.announce_items(sampler, self._storage)
+            self._announce_items(sampler, self._storage)
 
         return self._swap("_sampler", sampler, wire)
 
@@ -1013,24 +1221,31 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             >>> rb.stats()["prefetch_queue_size"], rb.sample().shape
             (0, torch.Size([2]))
         """
-        timeout = _sampling.check_shutdown_timeout(timeout)
-        with self._futures_lock:
-            pending, executor = list(self._prefetch_queue), self._prefetch_executor
-            self._prefetch_queue.clear()
-            self._prefetch_executor, self._prefetch = None, 0
-            self._shut_down = True
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0
+        ):
+            raise ValueError(f"`timeout` must be None or a non-negative number of seconds, got {timeout!r}.")
+        self._shut_down = True
+        self._first_stage = self._flow
         self._flow.close()  # waiting samples and writes end (RuntimeError), in every process sharing the buffer
-        _sampling.stop_prefetching(pending, executor, timeout)
+        self._prefetcher.stop(timeout)
 
     # -- state --------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The state of every component; as in TorchRL, ``"_prefetch_state"`` holds the batches sampled ahead
         (``prefetch``) and not returned yet, so that a restored buffer returns the same next batches."""
         self._ready()
-        with self._futures_lock:  # after the tasks in flight: their draws moved the sampler and the generator
-            prefetched = _prefetch.capture(self._prefetch_queue, self._prefetch)
-        return _state.buffer_state_dict(prefetched, self._checkpoint_children(), batch_size=self._batch_size,
-                                        rng=self._rng, flow=self._flow)  # fmt: skip
+        prefetched = self._prefetcher.state_dict()  # after the tasks in flight: they moved the sampler and generator
+        return {
+            "_prefetch_state": prefetched,
+            "_storage": self._storage.state_dict(),
+            "_sampler": self._sampler.state_dict(),
+            "_writer": self._writer.state_dict(),
+            "_transforms": self._transform.state_dict(),
+            "_batch_size": self._batch_size,
+            "_rng": generator_to_state(self._rng),
+            "_readiness": self._flow.state_dict(),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores a state of :meth:`state_dict`, prefetched batches included.
@@ -1041,38 +1256,48 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         the components are loaded: a draw made after the load would move the restored sampler and generator.
         """
         self._ready()
-        prefetched, readiness = _state.check_state_dict(state_dict, self._sampler, self._prefetch)
-        with self._futures_lock:
-            _prefetch.wait(self._prefetch_queue)  # before the replay lock, which prefetch tasks take
+        prefetched = self._prefetcher.checked(state_dict.get("_prefetch_state"))
+        readiness = state_dict.get("_readiness")
+        if readiness is not None:
+            check_counter_state(readiness, "state_dict['_readiness']")
+        validate = getattr(self._sampler, "validate_state_dict", None)
+        if validate is not None:  # a crafted sampler state is refused before the storage changes
+            validate(state_dict["_sampler"])
+        with self._prefetcher.paused():  # before the replay lock, which prefetch tasks take
             with self._replay_lock, self._storage.write_lock:
-                _state.load_children_state(state_dict, self._checkpoint_children())
-                self._batch_size = state_dict.get("_batch_size", self._batch_size)
+                self._storage.load_state_dict(state_dict["_storage"])
+                self._sampler.load_state_dict(state_dict["_sampler"])
+                self._writer.load_state_dict(state_dict["_writer"])
+                self._transform.load_state_dict(state_dict["_transforms"])
+                self._set_batch_size(state_dict.get("_batch_size", self._batch_size))
                 rng = generator_from_state(state_dict.get("_rng"))
                 if rng is not None:
                     self.set_rng(rng)
                 if readiness is not None:
                     self._flow.load_state_dict(readiness)
             # the components hold the state the saved batches were drawn from: they replace the queue
-            self._prefetch_queue.clear()
-            self._prefetch_queue.extend(prefetched)
+            self._prefetcher.replace(prefetched)
 
     def __getstate__(self):
-        prefetched = None
-        if _state.keeps_prefetched():  # a process being started, or a dataset's copy, never gets the batches
-            with self._futures_lock:
-                prefetched = _prefetch.capture(self._prefetch_queue, self._prefetch)
-        return _state.pickled_state(self.__dict__, _RUNTIME_STATE, rng=self._rng, prefetched=prefetched)
+        # the fields less the runtime state; the generator state as bytes (never a tensor: design.md, "Sharing
+        # with worker processes"); the prefetcher pickles its batches itself (not into a process being started
+        # nor into a dataset's copy)
+        with self._prefetcher.paused():  # after the tasks in flight: their draws moved the generator
+            state = dict(self.__dict__)
+            for name in _RUNTIME_STATE:
+                state.pop(name, None)
+            state["_rng"] = generator_to_state(self._rng, as_bytes=True)
+            state["_prefetcher"] = self._prefetcher.to_pickle()
+        return state
 
     def __setstate__(self, state):
-        rng, prefetched = _state.unpickled_extras(state)
+        rng = generator_from_state(state.pop("_rng", None))
         self.__dict__.update(state)
-        if "_flow" not in self.__dict__:  # pickled before readiness existed
-            self._flow = _readiness.FlowState()
         self._make_runtime_state()
-        self._prefetch_queue.extend(_prefetch.restore(prefetched, self._prefetch))
         if self._initialized:  # a buffer with delayed init builds its components at its first write
             self._storage.attach(self)
             self._writer.register_storage(self._storage)
+            self._flow.bind(self, self._sampler, self._storage, self._writer)
             self.set_rng(rng)
 
     # -- persistence: dumps/loads -------------------------------------------------------------------------------
@@ -1097,13 +1322,12 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             tensor([0, 1, 2, 3])
         """
         self._ready()
-        with self._futures_lock:
-            _prefetch.wait(self._prefetch_queue)  # before the replay lock, which prefetch tasks take
+        with self._prefetcher.paused():  # before the replay lock, which prefetch tasks take
             with self._replay_lock:
                 hooks = self.__dict__.get("_save_hooks")
                 if hooks:  # see register_save_hook
                     with self._storage.write_lock:
-                        dump_with_save_hooks(self._storage, hooks, path, lambda: dump_component(self, path, **kwargs))
+                        _dump_with_save_hooks(self._storage, hooks, path, lambda: dump_component(self, path, **kwargs))
                 else:
                     dump_component(self, path, **kwargs)
 
@@ -1114,8 +1338,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         queue included, unchanged (prefetched batches of another ``prefetch`` capacity: ``RuntimeError``).
         """
         self._ready()
-        with self._futures_lock:
-            _prefetch.wait(self._prefetch_queue)  # before the replay lock, which prefetch tasks take
+        with self._prefetcher.paused():  # before the replay lock, which prefetch tasks take
             with self._replay_lock, self._storage.write_lock:
                 load_component(self, path)
 
@@ -1123,7 +1346,13 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
     save = dumps
     load = loads
 
-    # -- checkpoint part (the protocol of _checkpoint/parts.py; the part's layout: _buffer_part.py) -------------
+    # -- checkpoint part (the protocol of _checkpoint/parts.py) ---------------------------------------------------
+    # The part: {"class": ..., "batch_size": int | null, "rng": null | {"device": str, "state": "<prefix>rng/state"},
+    # "parts": {"storage": <wrapped part>, "sampler": ..., "writer": ..., "transforms": ...}, "readiness": {...},
+    # "prefetch": ...} ("prefetch" only when batches were sampled ahead: the Prefetcher's part). The storage's
+    # tensors sit under the buffer's own prefix (storage/...), the other children's under sampler/, writer/ and
+    # transforms/. Every part is checked, storage first, before any is loaded; the small parts (sampler, writer,
+    # transforms) are loaded before the storage and put back if a later load raises.
     checkpoint_role = "replay buffer"
 
     def _checkpoint_children(self) -> dict[str, Any]:
@@ -1131,31 +1360,61 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
 
     def checkpoint_part(self, ctx: PartContext) -> tuple[dict, dict]:
         """The buffer's part: its children's, its batch size, generator, readiness counters and prefetched
-        batches (as in TorchRL); see ``_buffer_part.py``."""
+        batches (as in TorchRL)."""
         self._ready()
-        with self._futures_lock:  # the prefetched batches, as in TorchRL (JSON + tensors, see _prefetch.py)
-            prefetched = _prefetch.capture(self._prefetch_queue, self._prefetch)
-        return _part.dump_buffer_part(self, self._checkpoint_children(), ctx, batch_size=self._batch_size,
-                                      rng=self._rng, flow=self._flow, prefetched=prefetched)  # fmt: skip
+        prefetch_tensors, prefetch = self._prefetcher.checkpoint_part(ctx)  # JSON + tensors, see _prefetch.py
+        children = self._checkpoint_children()
+        tensors, parts = {}, {}
+        for role in _CHECKPOINT_ROLES:
+            child_tensors, parts[role] = dump_part(children[role], _child_ctx(ctx, role))
+            tensors.update(child_tensors)
+        rng = generator_to_state(self._rng)
+        if rng is not None:
+            tensors[ctx.name("rng/state")] = rng["state"]
+            rng = {"device": rng["device"], "state": ctx.name("rng/state")}
+        doc = {"class": qualname(self), "batch_size": self._batch_size, "rng": rng, "parts": parts,
+               "readiness": self._flow.state_dict()}  # fmt: skip
+        if prefetch is not None:
+            tensors.update(prefetch_tensors)
+            doc["prefetch"] = prefetch
+        return tensors, doc
 
     def check_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
         """Checks a part of :meth:`checkpoint_part` and its children's before anything is loaded."""
         self._ready()
-        _part.check_buffer_part(self, self._checkpoint_children(), doc, tensors, ctx, prefetch=self._prefetch)
+        check_class(self, doc, "replay buffer")
+        if set(doc["parts"]) != set(_CHECKPOINT_ROLES):
+            raise ValueError(
+                f"The checkpoint's buffer parts are {sorted(doc['parts'])}, expected {list(_CHECKPOINT_ROLES)}."
+            )
+        children = self._checkpoint_children()
+        for role in _CHECKPOINT_ROLES:
+            check_part(children[role], doc["parts"][role], tensors, _child_ctx(ctx, role))
+        where = f"The {type(self).__name__} description in the checkpoint {ctx.path!r}"
+        if doc["batch_size"] is not None:
+            check_int_field(doc["batch_size"], "batch_size", where, 1, fix="It is a positive JSON integer, or null.")
+        _saved_generator(doc, tensors, where)
+        self._prefetcher.check_checkpoint_part(doc.get("prefetch"), tensors, ctx.path)
+        self._flow.check_checkpoint_part(doc.get("readiness", {}), where)
 
     def load_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
         """Loads a checked part: the children (put back if one raises), then the buffer's own fields."""
         self._ready()
-        _part.load_children(self._checkpoint_children(), doc, tensors, ctx)
-        self._batch_size = doc["batch_size"]
-        rng = _part.saved_generator(doc, tensors, ctx.path)
+        children = self._checkpoint_children()
+        before = {role: copy.deepcopy(children[role].state_dict()) for role in _SMALL_CHILDREN}
+        try:
+            for role in (*_SMALL_CHILDREN, "storage"):
+                load_part(children[role], doc["parts"][role], tensors, _child_ctx(ctx, role))
+        except BaseException:
+            for role in _SMALL_CHILDREN:
+                children[role].load_state_dict(before[role])
+            raise
+        self._set_batch_size(doc["batch_size"])
+        rng = _saved_generator(doc, tensors, ctx.path)
         if rng is not None:
             self.set_rng(rng)
         self._flow.load_state_dict(doc.get("readiness", {}))  # a checkpoint without counters: they start at 0
-        prefetched = _prefetch.from_part(doc.get("prefetch"), tensors)
-        with self._futures_lock:  # the saved batches replace the queue
-            self._prefetch_queue.clear()
-            self._prefetch_queue.extend(_prefetch.restore(prefetched, self._prefetch))
+        self._prefetcher.load_checkpoint_part(doc.get("prefetch"), tensors)  # the saved batches replace the queue
 
     # -- TorchRL's service API, in this process (service_backend="direct") --------------------------------------
     # Code written for a buffer hosted by a service (a RayReplayBuffer) runs unchanged on a direct buffer. The
@@ -1305,7 +1564,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             True
         """
         self._ready()
-        self._prefetch = 0
+        self._prefetcher.disable()
         self._make_runtime_state()
         if self._rng is not None:
             self._rng.manual_seed(int(seed) % (2**63))
@@ -1447,3 +1706,76 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             True
         """
         return _hf_import.buffer_from_hf(cls, source, **kwargs)
+
+
+# -- module helpers of the class: construction, the checkpoint part, the save hooks ---------------------------------
+def _built_components(storage, sampler, writer, transform, transform_factory) -> tuple:
+    """``(storage, sampler, writer, transform)`` with the zero-argument factories called (checked), at
+    construction or, with delayed init, at the first write (``transform_factory``: called when given)."""
+    storage = built("storage", storage, Storage)
+    sampler = built("sampler", sampler, Sampler)
+    writer = built("writer", writer, Writer)
+    if transform_factory is not None:
+        transform = transform_factory()
+    return storage, sampler, writer, transform
+
+
+def _child_ctx(ctx: PartContext, role: str) -> PartContext:
+    """The part context of a buffer's child: the storage's tensors sit under the buffer's own prefix."""
+    return ctx if role == "storage" else ctx.sub(role)
+
+
+def _saved_generator(doc: dict, tensors, where: str) -> torch.Generator | None:
+    """The generator saved in a buffer part (``None`` if none was); ``CheckpointError`` if it is malformed."""
+    rng = doc["rng"]
+    if rng is None:
+        return None
+    if not isinstance(rng, dict) or rng.get("state") not in tensors:
+        raise CheckpointError(
+            f"{where}: `rng` is {rng!r:.200}, expected null or {{'device': ..., 'state': <name of a tensor of "
+            f"the checkpoint>}}. Save the buffer again with `dumps`. Nothing was loaded."
+        )
+    try:
+        return generator_from_state({"device": rng.get("device"), "state": tensors[rng["state"]]})
+    except ValueError as err:
+        raise CheckpointError(f"{where}: `rng`: {err} Save the buffer again with `dumps`. Nothing was loaded.") from None
+
+
+def _dump_with_save_hooks(storage, hooks, path, dump) -> None:
+    """Runs TorchRL's save ``hooks`` on the stored items and calls ``dump()`` while the storage holds their result.
+
+    A hook with the attributes ``shift`` and ``is_full`` gets them set first, as TorchRL does (the row after the
+    last one written; whether the storage is full). The checkpoint format stays tensor files and JSON: the hooks'
+    result is written in the stored items' place for the time of the dump, and the items are put back after it.
+    Call it holding the buffer's locks; a result that cannot be written there raises before the dump, with the
+    storage unchanged.
+    """
+    rows = storage.rows_written()
+    if not rows:
+        dump()
+        return
+    index = torch.arange(rows)
+    stored = storage[:rows]
+    data = stored
+    for hook in hooks:
+        if hasattr(hook, "shift"):
+            last = storage.last_written_row
+            hook.shift = last + 1 if isinstance(last, int) and last >= 0 else len(storage)
+        if hasattr(hook, "is_full"):
+            hook.is_full = len(storage) >= storage.max_size
+        data = hook(data, path=path)
+    if data is stored:
+        dump()
+        return
+    kept = stored.clone()
+    try:
+        storage.set(index, data, set_cursor=False)  # validated before anything is written
+    except Exception as err:
+        raise ValueError(
+            f"The save hooks returned data that cannot be saved in place of the stored items ({err}). A save hook "
+            f"must return the items with their stored layout. Nothing was saved."
+        ) from err
+    try:
+        dump()
+    finally:
+        storage.set(index, kept, set_cursor=False)

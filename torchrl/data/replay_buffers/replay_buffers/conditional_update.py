@@ -5,7 +5,7 @@ with each record, :class:`ConditionalUpdateResult`.
 Data model: a *record* is what one entry of ``index`` addresses: a storage row (an int or a tensor of rows, any
 shape, flattened) or, on an ``ndim > 1`` storage, one cell (an ``[N, ndim]`` coordinate tensor, as ``extend`` and
 ``sample`` return them, or a tuple of per-dim tensors). A record is *live* iff the generation of its row (see
-NOTE [slot generations] in :mod:`torchrl.data.replay_buffers.writers.base`) is ``>= 0``, equals the generation
+NOTE [slot generations] in :mod:`torchrl.data.replay_buffers.storages.base`) is ``>= 0``, equals the generation
 the caller captured, and the row still holds data; a stale record is left alone. With ``version_key``, a live
 record is written only if the incoming version is ``>=`` the stored one (``>`` with ``require_newer=True``);
 when several entries address the same record, only the one with the highest incoming version (the last of them
@@ -24,9 +24,27 @@ from dataclasses import dataclass
 import torch
 from tensordict import is_tensor_collection
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_bool, is_int
-from torchrl.data.replay_buffers.errors import torchrl_error
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
+
+CONDITIONAL_VERSION_IN_PATCH = TorchRLPhrase(
+    ValueError,
+    "may not appear in patch",
+    "version_key={key!r} may not appear in patch: update_if_present writes the version itself. Remove it "
+    "from patch and pass the new version with version=...",
+)
+CONDITIONAL_UNSUPPORTED = TorchRLPhrase(
+    RuntimeError,
+    "(?i)conditional",
+    "update_if_present (a conditional update) needs {needs}; {got}. {fix}",
+)
+CONDITIONAL_DOTTED_KEY = TorchRLPhrase(
+    ValueError,
+    "Dotted-string",
+    "Dotted-string keys are not nested keys: version_key={key!r}. Pass the nested key as a tuple, e.g. "
+    "{suggested!r}.",
+)
 
 __all__ = ["ConditionalUpdateResult", "conditional_update"]
 
@@ -98,7 +116,7 @@ def conditional_update(
     version_key = None if version_key is None else _version_key(version_key)
     items = _patch_items(patch)
     if version_key is not None and any(key == version_key for key, _ in items):
-        raise torchrl_error("conditional_version_in_patch", key=_shown(version_key))
+        raise CONDITIONAL_VERSION_IN_PATCH.error(key=_shown(version_key))
     with lock, storage.write_lock:
         records = _Records(storage, index)
         n = records.n
@@ -142,15 +160,13 @@ def _result(updated: torch.Tensor, rejected: torch.Tensor | None) -> Conditional
 # -- arguments ---------------------------------------------------------------------------------------------------
 def _check_supported(storage, writer) -> None:
     if not isinstance(storage, TensorStorage):
-        raise torchrl_error(
-            "conditional_unsupported",
+        raise CONDITIONAL_UNSUPPORTED.error(
             needs="a tensor storage (LazyTensorStorage, LazyMemmapStorage or TensorStorage) of TensorDicts",
             got=f"this buffer's storage is a {type(storage).__name__}",
             fix="Build the buffer with storage=LazyTensorStorage(...) or LazyMemmapStorage(...).",
         )
     if not getattr(writer, "tracks_generations", False):
-        raise torchrl_error(
-            "conditional_unsupported",
+        raise CONDITIONAL_UNSUPPORTED.error(
             needs="a writer that tracks slot generations",
             got=f"this buffer's writer is {type(writer).__name__}, built without track_generations=True",
             fix="Build the buffer with writer=TensorDictRoundRobinWriter(track_generations=True) (or "
@@ -172,9 +188,7 @@ def _shown(key: tuple):
 
 def _version_key(version_key) -> tuple:
     if isinstance(version_key, str) and "." in version_key:
-        raise torchrl_error(
-            "conditional_dotted_key", key=version_key, suggested=tuple(version_key.split("."))
-        )
+        raise CONDITIONAL_DOTTED_KEY.error(key=version_key, suggested=tuple(version_key.split(".")))
     return _nested_key(version_key, "`version_key`")
 
 
@@ -260,8 +274,7 @@ class _Records:
             return None
         template = storage.get(torch.zeros(1, dtype=torch.long))
         if not is_tensor_collection(template):
-            raise torchrl_error(
-                "conditional_unsupported",
+            raise CONDITIONAL_UNSUPPORTED.error(
                 needs="a storage of TensorDicts or tensorclasses (it patches entries by key)",
                 got=f"this storage holds {type(template).__name__} items",
                 fix="Store TensorDicts (TensorDictReplayBuffer), or write the new values with rb[index] = value.",

@@ -185,7 +185,7 @@ class ReplayBufferEnsemble(ReplayBuffer):
         with contextlib.ExitStack() as locks:
             locks.enter_context(self._replay_lock)
             for rb in self._rbs:  # members may be written from other threads while we read them
-                locks.enter_context(rb._replay_lock)
+                locks.enter_context(rb.replay_lock)
             index, info = self._sampler.sample(self._storage, batch_size)
             parts = self._storage.get(index)
         chunks = []

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_bool, check_int, check_positive_int, is_real
 from torchrl.data.replay_buffers._checkpoint.parts import (
     PartContext,
@@ -35,10 +36,21 @@ from torchrl.data.replay_buffers._checkpoint.parts import (
     qualname,
 )
 from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
-from torchrl.data.replay_buffers.errors import torchrl_error
 from torchrl.data.replay_buffers.replay_buffers._prefetch import WithoutQueue, leaving_queue_out
-from torchrl.data.replay_buffers.replay_buffers._readiness import MAX_POLL_S, check_wait_args
+from torchrl.data.replay_buffers.replay_buffers._readiness import (
+    MAX_POLL_S,
+    RATE_CANCELLED,
+    RATE_SHUT_DOWN,
+    check_wait_args,
+)
 from torchrl.data.replay_buffers.replay_buffers.dataset import ReplayBufferDataset
+
+O2O_SAMPLE_BATCH_SIZE = TorchRLPhrase(
+    ValueError,
+    r"batch_size must be provided either in __init__ or sample\(\)",
+    "batch_size must be provided either in __init__ or sample(): this {cls} was built without a batch_size "
+    "and sample() got none. Call sample(batch_size) or build it with batch_size=N.",
+)
 
 __all__ = ["MixedReplayBuffer", "largest_remainder_counts"]
 
@@ -399,7 +411,7 @@ class MixedReplayBuffer:
     def _resolve_batch_size(self, batch_size) -> int:
         if batch_size is None:
             if self._batch_size is None:
-                raise torchrl_error("o2o_sample_batch_size", cls=type(self).__name__)
+                raise O2O_SAMPLE_BATCH_SIZE.error(cls=type(self).__name__)
             return self._batch_size
         return check_positive_int("batch_size", batch_size)
 
@@ -479,9 +491,9 @@ class MixedReplayBuffer:
         delay = 0.0005
         while True:
             if cancel_event is not None and cancel_event.is_set():
-                raise torchrl_error("rate_cancelled")
+                raise RATE_CANCELLED.error()
             if any(getattr(buffer, "is_alive", True) is False for buffer in self._buffers):
-                raise torchrl_error("rate_shut_down")
+                raise RATE_SHUT_DOWN.error()
             counts = self._ready_counts(batch_size)
             if counts is not None:
                 return counts

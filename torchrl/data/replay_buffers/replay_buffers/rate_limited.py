@@ -15,7 +15,7 @@ from typing import Any
 
 from torchrl.data.replay_buffers._checkpoint.parts import PartContext
 from torchrl.data.replay_buffers.errors import CheckpointError
-from torchrl.data.replay_buffers.replay_buffers._direct_only import ReadinessBackendMeta
+from torchrl.data.replay_buffers.replay_buffers._service_backend import ReadinessBackendMeta
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.rate_limiters import SampleBudget, check_samples_per_insert
 
@@ -107,7 +107,7 @@ class RateLimitedReplayBuffer(ReplayBuffer, metaclass=ReadinessBackendMeta):
     @property
     def rate_limiter(self) -> SampleBudget:
         """The budget rule (a :class:`~torchrl.data.replay_buffers.replay_buffers.rate_limiters.SampleBudget`)."""
-        return self._limiter
+        return self._flow.limiter
 
     # -- state: TorchRL's "_rate_limit" entry, and the checkpoint part's "rate_limit" ----------------------------
     def _rate_limit_state(self) -> dict[str, Any]:
@@ -131,7 +131,7 @@ class RateLimitedReplayBuffer(ReplayBuffer, metaclass=ReadinessBackendMeta):
         spi = check_samples_per_insert(limit.get("samples_per_insert") if isinstance(limit, dict) else limit)
         wait_count = limit.get("sample_wait_count", 0)
         super().load_state_dict(state_dict)
-        self._limiter = SampleBudget(spi)
+        self._flow.limiter = SampleBudget(spi)
         readiness = dict(state_dict.get("_readiness") or self._flow.state_dict())
         readiness["sample_wait_count"] = int(wait_count)
         self._flow.load_state_dict(readiness)
@@ -154,4 +154,4 @@ class RateLimitedReplayBuffer(ReplayBuffer, metaclass=ReadinessBackendMeta):
 
     def load_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
         super().load_checkpoint_part(doc, tensors, ctx)
-        self._limiter = SampleBudget(doc["rate_limit"]["samples_per_insert"])
+        self._flow.limiter = SampleBudget(doc["rate_limit"]["samples_per_insert"])

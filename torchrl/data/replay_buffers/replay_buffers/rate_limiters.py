@@ -23,7 +23,20 @@ import sys
 import warnings
 from typing import Any
 
-from torchrl.data.replay_buffers.errors import torchrl_error
+from torchrl._phrases import TorchRLPhrase
+
+RATE_SPI_TYPE = TorchRLPhrase(
+    TypeError,
+    "samples_per_insert must be a finite positive number.",
+    "samples_per_insert must be a finite positive number. Got {got}: pass a float > 0 (e.g. 1.0 for one "
+    "sampled record per inserted item).",
+)
+RATE_SPI_VALUE = TorchRLPhrase(
+    ValueError,
+    "samples_per_insert must be a finite positive number.",
+    "samples_per_insert must be a finite positive number. Got {got}: pass a float > 0 (e.g. 1.0 for one "
+    "sampled record per inserted item).",
+)
 
 __all__ = ["MinSize", "RateLimiter", "SampleToInsertRatio"]
 
@@ -44,9 +57,9 @@ def _check_min_size(value) -> int:
 def check_samples_per_insert(value) -> float:
     """A finite positive ``samples_per_insert`` (TorchRL's rule and messages) as a float."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise torchrl_error("rate_spi_type", got=repr(value))
+        raise RATE_SPI_TYPE.error(got=repr(value))
     if not math.isfinite(value) or value <= 0:
-        raise torchrl_error("rate_spi_value", got=repr(value))
+        raise RATE_SPI_VALUE.error(got=repr(value))
     return float(value)
 
 

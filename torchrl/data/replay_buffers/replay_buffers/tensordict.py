@@ -9,7 +9,6 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from torchrl.data.replay_buffers.errors import torchrl_error
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
 from torchrl.data.replay_buffers.samplers.prioritized import (
     PrioritizedSampler,
@@ -17,6 +16,7 @@ from torchrl.data.replay_buffers.samplers.prioritized import (
     reduce_priority,
 )
 from torchrl.data.replay_buffers.writers import TensorDictMaxValueWriter, TensorDictRoundRobinWriter, Writer
+from torchrl.data.replay_buffers.writers.max_value import MAX_VALUE_WRITER_DATA
 
 
 def set_entries(data: TensorDictBase, entries: Mapping, convert: Callable) -> TensorDictBase:
@@ -136,7 +136,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
         if not isinstance(data, TensorDictBase):
             writer = getattr(self, "_writer", None)
             if isinstance(writer, TensorDictMaxValueWriter) and method in ("add", "extend"):  # TorchRL's phrase
-                raise torchrl_error("max_value_writer_data", cls=type(writer).__name__, got=type(data).__name__)
+                raise MAX_VALUE_WRITER_DATA.error(cls=type(writer).__name__, got=type(data).__name__)
             raise TypeError(
                 f"{type(self).__name__}.{method}() takes a TensorDict, got {type(data).__name__}. Wrap the data in a "
                 f"TensorDict, or use ReplayBuffer for tensors, tensorclasses and pytrees."
@@ -152,12 +152,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
         self._ready()
         self._check_td(data, "add")
         priority = self._priorities_of(data, batched=False)
-        with self._insert_gate(1, timeout):  # a rate limiter's permission, before every lock
-            with self._replay_lock, self.write_lock:  # lock order of every write
-                index = self._add_now(data)
-                if index is not None and priority is not None:
-                    self.update_priority(index, priority)
-        return index
+        return self._write_item(data, priority, timeout)  # the item and its priority land together
 
     def extend(
         self, tensordicts, *, update_priority: bool | None = None, timeout: float | None = None
@@ -176,15 +171,17 @@ class TensorDictReplayBuffer(ReplayBuffer):
                 permission (see :meth:`ReplayBuffer.extend <torchrl.data.ReplayBuffer.extend>`). Defaults to
                 ``None`` (as long as it takes).
         """
-        self._ready()
+        if not self._initialized:
+            self._ready()
         self._check_td(tensordicts, "extend")
-        if update_priority is not False:
-            self._priorities_of(tensordicts, batched=True)  # refuse bad values before any transform runs
+        read = update_priority is not False
+        # bad values are refused before any transform runs
+        priority = self._priorities_of(tensordicts, batched=True) if read else None
         batch = self._as_stored_batch(tensordicts)
         if batch is None:  # the transforms dropped the whole batch
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
-        # priorities of what is written: the inverse transforms may hold rows back or drop them
-        priority = self._priorities_of(batch, batched=True, stored=True) if update_priority is not False else None
+        if read and batch is not tensordicts:  # the priorities of what is written: the inverse transforms may
+            priority = self._priorities_of(batch, batched=True, stored=True)  # hold rows back or drop them
         return self._write_batch(batch, priority, timeout)  # items and priorities land together, under the lock
 
     def _priorities_of(self, data: TensorDictBase, *, batched: bool, stored: bool = False) -> np.ndarray | None:
