@@ -4,14 +4,18 @@ The table of ``../shared/reference/torchrl_behaviour_facts.md`` §9 lists each s
 and the phrase its message contains. Here each situation is provoked for real (a real buffer, storage, sampler
 or spawned process) and the error is checked with ``pytest.raises(TorchRLType, match=phrase)``, as TorchRL's own
 code matches it. Our messages keep their own wording: the phrase is part of a message that also says what was
-received and what to do, built from ``TORCHRL_PHRASES`` (torchrl/data/replay_buffers/errors.py), which also
-gives each phrase exactly once: no raise site writes one itself (checked below).
+received and what to do. Each situation is one :class:`torchrl._phrases.TorchRLPhrase` constant, defined at module
+level in the module that raises it (issue 38); this file collects them module by module, checks each phrase against
+its message, that each constant is raised somewhere and that no raise site writes a phrase itself.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
 import multiprocessing as mp
 import pathlib
+import pkgutil
 import re
 import string
 
@@ -19,6 +23,8 @@ import pytest
 import torch
 from tensordict import NonTensorStack, TensorDict
 
+import torchrl
+from torchrl._phrases import TorchRLPhrase
 from torchrl.data import (
     LazyMemmapStorage,
     LazyTensorStorage,
@@ -33,31 +39,147 @@ from torchrl.data import (
     TensorDictReplayBuffer,
     TensorStorage,
 )
-from torchrl.data.replay_buffers.errors import TORCHRL_PHRASES
 from torchrl.data.replay_buffers.sample_units import Sequence
 from torchrl.data.replay_buffers.samplers import ConsumingSampler
 from torchrl.data.replay_buffers.utils import find_start_stop_traj
 from torchrl.envs.transforms import Transform
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "torchrl"
+REPO = PACKAGE.parent
+#: The situations covered when the catalogue became module constants (issue 38: the 86 entries of
+#: ``TORCHRL_PHRASES``); a later change may add situations, never drop one.
+SITUATIONS_COVERED = 86
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+SOURCES = {_module_name(p): ast.parse(p.read_text(encoding="utf-8")) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_phrase_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "TorchRLPhrase"
+
+
+def _definitions() -> dict[str, ast.Assign]:
+    """``{"module.NAME": node}`` for each module-level ``NAME = TorchRLPhrase(...)`` of torchrl's sources."""
+    out = {}
+    for module, tree in SOURCES.items():
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and _is_phrase_call(node.value) and len(node.targets) == 1:
+                target = node.targets[0]
+                if isinstance(target, ast.Name):
+                    out[f"{module}.{target.id}"] = node
+    return out
+
+
+DEFINITIONS = _definitions()
+
+
+def _collect() -> dict[str, TorchRLPhrase]:
+    """Imports every torchrl module and gathers the phrase constants each one defines (not those it imports)."""
+    for info in pkgutil.walk_packages(torchrl.__path__, "torchrl."):
+        importlib.import_module(info.name)
+    out = {}
+    for qualified in DEFINITIONS:
+        module, _, name = qualified.rpartition(".")
+        out[qualified] = getattr(importlib.import_module(module), name)
+    return out
+
+
+PHRASES = _collect()
 
 
 def _fields(template: str) -> dict:
     return {name: "x" for _, name, _, _ in string.Formatter().parse(template) if name}
 
 
-@pytest.mark.parametrize("key", sorted(TORCHRL_PHRASES))
-def test_each_message_contains_its_phrase(key):
-    entry = TORCHRL_PHRASES[key]
+@pytest.mark.parametrize("qualified", sorted(PHRASES))
+def test_each_message_contains_its_phrase(qualified):
+    entry = PHRASES[qualified]
+    assert isinstance(entry, TorchRLPhrase), qualified
+    assert qualified.rpartition(".")[2].isupper(), f"{qualified}: a phrase constant has an UPPER_CASE name"
     fields = _fields(entry.message)
-    assert re.search(entry.phrase.format(**fields), entry.format(**fields)), key
+    assert re.search(entry.phrase.format(**fields), entry.format(**fields)), qualified
     assert issubclass(entry.type, (Exception, Warning))
+
+
+def test_the_situations_covered_stay_covered():
+    assert len(PHRASES) >= SITUATIONS_COVERED, f"{len(PHRASES)} phrase constants, {SITUATIONS_COVERED} before"
+
+
+def test_a_phrase_is_a_module_constant_and_the_only_one_of_its_message():
+    """No ``TorchRLPhrase(...)`` outside a module-level constant; no phrase object a module builds another way."""
+    stray = []
+    for module, tree in SOURCES.items():
+        top = {id(node.value) for node in tree.body if isinstance(node, ast.Assign)}
+        stray += [f"{module}:{n.lineno}" for n in ast.walk(tree) if _is_phrase_call(n) and id(n) not in top]
+    assert not stray, f"define each phrase as a module-level constant: {stray}"
+    known = {id(p) for p in PHRASES.values()}
+    built = [
+        f"{info.name}.{name}"
+        for info in pkgutil.walk_packages(torchrl.__path__, "torchrl.")
+        for name, value in vars(importlib.import_module(info.name)).items()
+        if isinstance(value, TorchRLPhrase) and id(value) not in known
+    ]
+    assert not built, f"phrase objects that no module defines as a constant: {built}"
+    situations = [(p.type, p.message) for p in PHRASES.values()]
+    assert len(set(situations)) == len(situations), "a situation is defined twice: import it from the lowest module"
+
+
+def _imported_from(tree: ast.AST, module: str, name: str) -> bool:
+    return any(
+        isinstance(n, ast.ImportFrom) and n.module == module and any(a.name == name for a in n.names)
+        for n in ast.walk(tree)
+    )
+
+
+def _raises(tree: ast.AST, name: str) -> bool:
+    """Whether ``tree`` calls ``NAME.error(...)``/``NAME.warn(...)``, or reads ``NAME`` (a table of situations) and
+    calls ``.error``/``.warn`` on a variable holding one."""
+    calls = [
+        n.func.value.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr in ("error", "warn")
+        and isinstance(n.func.value, ast.Name)
+    ]
+    if name in calls:
+        return True
+    read = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in ast.walk(tree))
+    return read and any(not called.isupper() for called in calls)
+
+
+def test_every_phrase_constant_is_raised_somewhere():
+    unused = []
+    for qualified in PHRASES:
+        module, _, name = qualified.rpartition(".")
+        users = [m for m, tree in SOURCES.items() if m == module or _imported_from(tree, module, name)]
+        if not any(_raises(SOURCES[m], name) for m in users):
+            unused.append(qualified)
+    assert not unused, f"phrase constants no raise site uses (raise NAME.error(...) / NAME.warn(...)): {unused}"
+
+
+def test_the_string_keyed_catalogue_is_gone():
+    """Messages live beside the code that raises them: the old catalogue and its helpers are used nowhere."""
+    names = ("TORCHRL" + "_PHRASES", "torchrl" + "_error", "torchrl" + "_warning")
+    offenders = []
+    for folder in ("torchrl", "test", "docs", "benchmarks", "examples"):
+        for path in sorted((REPO / folder).rglob("*")):
+            if path.suffix not in (".py", ".rst", ".md") or path == pathlib.Path(__file__).resolve():
+                continue
+            text = path.read_text(encoding="utf-8")
+            offenders += [f"{path.relative_to(REPO)}: {n}" for n in names if re.search(rf"\b{n}\b", text)]
+    assert not offenders, "use the phrase constants (raise NAME.error(...)):\n" + "\n".join(offenders)
 
 
 def _literal_phrases() -> list[str]:
     """The phrases long enough to be recognised at a raise site (a single word like "empty" is not)."""
     out = []
-    for entry in TORCHRL_PHRASES.values():
+    for entry in PHRASES.values():
         if "{" in entry.phrase or "(?i)" in entry.phrase:
             continue
         for part in re.split(r"\.\*|\\", entry.phrase):
@@ -68,12 +190,18 @@ def _literal_phrases() -> list[str]:
 
 def test_no_raise_site_writes_a_torchrl_phrase_itself():
     offenders = []
+    phrases = _literal_phrases()
     for path in PACKAGE.rglob("*.py"):
-        if path.name == "errors.py":
+        if path == PACKAGE / "_phrases.py":  # the mechanism; its example is no raise site
             continue
         text = path.read_text(encoding="utf-8")
-        offenders += [f"{path.relative_to(PACKAGE)}: {p!r}" for p in _literal_phrases() if p in text]
-    assert not offenders, "use torchrl_error()/torchrl_warning() for these phrases:\n" + "\n".join(offenders)
+        lines = text.splitlines()
+        for node in ast.parse(text).body:  # the constants themselves hold their phrase
+            if isinstance(node, ast.Assign) and _is_phrase_call(node.value):
+                lines[node.lineno - 1 : node.end_lineno] = [""] * (node.end_lineno - node.lineno + 1)
+        text = "\n".join(lines)
+        offenders += [f"{path.relative_to(PACKAGE)}: {p!r}" for p in phrases if p in text]
+    assert not offenders, "raise the module's phrase constant (NAME.error(...)) instead:\n" + "\n".join(offenders)
 
 
 # -- the situations, one test each (§9, in its order) ----------------------------------------------------------
@@ -399,9 +527,3 @@ def test_shared_init_on_a_non_cpu_device():
     with pytest.warns(UserWarning, match="cannot be honored"):
         rb.extend(torch.arange(4))
     assert storage.device == torch.device("cpu") and rb.sample().device.type == "cpu"
-
-
-def test_every_phrase_of_the_table_is_raised_somewhere():
-    sources = "\n".join(p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py") if p.name != "errors.py")
-    unused = [key for key in TORCHRL_PHRASES if f'"{key}"' not in sources]
-    assert not unused, f"TORCHRL_PHRASES entries no raise site uses: {unused}"

@@ -1,15 +1,20 @@
 """The layering rules of ``design.md``, checked on the source (only the base-class check imports ``torchrl.data``).
 
-- No import cycle inside ``torchrl``, deferred imports (inside functions) included.
+- No import cycle inside ``torchrl``, deferred imports (inside functions) included; and no import that climbs a
+  layer: :data:`LAYERS` gives the order, bottom first, and every import (deferred ones included) points to its
+  own layer or a lower one.
 - No module reads or writes another module's classes' private state: an attribute access ``obj._name`` on
   anything but ``self``/``cls`` (and a few listed exceptions) is refused outside the module that defines
-  ``_name``; and a method's ``self._name`` must be defined by its own class's file or an ancestor's (what a
-  mixin that reads the state of the class it is mixed into breaks).
+  ``_name`` (defines: a function, class, module- or class-level name, or a ``self._name``/``cls._name`` store;
+  writing ``other._name`` defines nothing); and a method's ``self._name`` must be defined by its own class's
+  file or an ancestor's (what a mixin that reads the state of the class it is mixed into breaks).
 - A class lives whole in its own file: no mixin classes.
 - The package layout (issue 24): TorchRL's module paths and one-concept modules at the root of
   ``torchrl/data/replay_buffers`` and nothing private there; an underscore package exports nothing; the bottom
   packages (``_checkpoint``, ``_shared``, ``loading``) import no component; exception classes are defined in
-  ``errors.py`` (and ``NotProvidedError`` in ``torchrl/data/_torchrl_names.py``).
+  ``errors.py`` (and ``NotProvidedError`` in ``torchrl/data/_torchrl_names.py``), which holds nothing else.
+- The buffer's code is its own (issue 38): at most one private module of ``replay_buffers/replay_buffers/`` has a
+  single user.
 """
 
 from __future__ import annotations
@@ -129,16 +134,38 @@ ALLOWED_PRIVATE = {
 }
 
 
-def _private_accesses(path: Path) -> list[tuple[int, str]]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+def _own_names(tree: ast.Module | ast.ClassDef) -> set[str]:
+    """The names a module (or a class) defines itself: its functions and classes (methods included), its module-level
+    and class-level names, and the attributes its methods store on ``self``/``cls``. A store into another object's
+    attribute (``other._x = ...``) or a local variable defines nothing."""
     defined: set[str] = set()
+
+    def body_names(body: list[ast.stmt]) -> None:
+        for stmt in body:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+            for target in targets:
+                for sub in ast.walk(target) if target is not None else ():
+                    if isinstance(sub, ast.Name):
+                        defined.add(sub.id)
+            if isinstance(stmt, ast.ClassDef):
+                body_names(stmt.body)
+
+    body_names(tree.body)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
-            defined.add(node.attr)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             defined.add(node.name)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            defined.add(node.id)
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, (ast.Store, ast.Del))
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")
+        ):
+            defined.add(node.attr)
+    return defined
+
+
+def _private_accesses_in(tree: ast.Module) -> list[tuple[int, str]]:
+    defined = _own_names(tree)
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Attribute):
@@ -154,6 +181,24 @@ def _private_accesses(path: Path) -> list[tuple[int, str]]:
             continue
         found.append((node.lineno, attr))
     return found
+
+
+def _private_accesses(path: Path) -> list[tuple[int, str]]:
+    return _private_accesses_in(ast.parse(path.read_text(encoding="utf-8")))
+
+
+def test_the_private_access_check_catches_a_write_into_another_object():
+    """Writing ``other._x`` does not make ``_x`` the module's own: the write and the read are both caught."""
+    source = (
+        "class Own:\n"
+        "    def __init__(self):\n"
+        "        self._mine = 1\n"
+        "    def peek(self, other, buffer):\n"
+        "        _local = other._mine\n"
+        "        buffer._secret = 2\n"
+        "        return buffer._secret, _local\n"
+    )
+    assert _private_accesses_in(ast.parse(source)) == [(6, "_secret"), (7, "_secret")]
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -213,23 +258,9 @@ def _ancestors(key: tuple[str, str]) -> list[tuple[str, str]]:
     return seen
 
 
-def _stored_names(node: ast.AST) -> set[str]:
-    """The names a class body defines: methods, class attributes, and ``self.x``/``cls.x`` assignments."""
-    out: set[str] = set()
-    for sub in ast.walk(node):
-        if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            out.add(sub.name)
-        elif isinstance(sub, ast.Attribute) and isinstance(sub.ctx, (ast.Store, ast.Del)):
-            if isinstance(sub.value, ast.Name) and sub.value.id in ("self", "cls"):
-                out.add(sub.attr)
-        elif isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
-            out.add(sub.id)
-    return out
-
-
 def _foreign_self_reads(key: tuple[str, str]) -> list[tuple[int, str]]:
     own_file = ast.parse(MODULES[key[0]].read_text(encoding="utf-8")) if key[0] in MODULES else CLASSES[key]
-    allowed = _stored_names(own_file).union(*(_stored_names(CLASSES[k]) for k in _ancestors(key)))
+    allowed = _own_names(own_file).union(*(_own_names(CLASSES[k]) for k in _ancestors(key)))
     found = []
     for sub in ast.walk(CLASSES[key]):
         if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "self":
@@ -313,7 +344,9 @@ def test_an_underscore_package_exports_nothing(init):
 BOTTOM_PACKAGES = ("torchrl.data.replay_buffers._checkpoint", "torchrl.data.replay_buffers._shared",
                    "torchrl.data.replay_buffers.loading")
 #: What the bottom packages may import from torchrl: each other, the shared checks and the exception classes.
-BOTTOM_ALLOWED = BOTTOM_PACKAGES + ("torchrl._validation", "torchrl._files", "torchrl.data.replay_buffers.errors")
+BOTTOM_ALLOWED = BOTTOM_PACKAGES + (
+    "torchrl._validation", "torchrl._files", "torchrl._phrases", "torchrl.data.replay_buffers.errors",
+)
 
 
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith(BOTTOM_PACKAGES)))
@@ -340,3 +373,109 @@ def test_exception_classes_are_defined_in_errors_py():
 
     misplaced = [f"{m}.{c}" for m, c in data if is_exception((m, c)) and m not in homes]
     assert not misplaced, f"define exception classes in torchrl/data/replay_buffers/errors.py: {misplaced}"
+
+
+ERRORS = ROOT / "data" / "replay_buffers" / "errors.py"
+
+
+def test_errors_py_holds_the_exception_classes_only():
+    """Messages live beside the code that raises them (``TorchRLPhrase`` constants); ``errors.py`` keeps the
+    exception classes."""
+    text = ERRORS.read_text(encoding="utf-8")
+    lines = len(text.splitlines())
+    assert lines <= 250, f"errors.py has {lines} lines (at most 250): move messages next to their raise sites"
+    other = [
+        f"line {node.lineno}: {type(node).__name__}"
+        for node in ast.parse(text).body
+        if not isinstance(node, (ast.ClassDef, ast.Expr, ast.ImportFrom))  # classes, docstring, __future__
+        and not (isinstance(node, (ast.Assign, ast.AnnAssign)) and "__all__" in ast.unparse(node).split("=")[0])
+    ]
+    assert not other, f"errors.py holds exception classes (and __all__) only: {other}"
+
+
+# -- no import climbs a layer -------------------------------------------------------------------------------------------
+_RB = "torchrl.data.replay_buffers"
+#: The layers of torchrl, bottom first: each a set of module prefixes (a module belongs to the layer of its longest
+#: matching prefix, so ``torchrl.envs.transforms.transforms``, the ``Transform`` base the storages and buffers use,
+#: sits below the concrete transforms of ``torchrl.envs.transforms``). Every import, deferred ones included, points
+#: to the importer's layer or a lower one.
+LAYERS: list[set[str]] = [
+    # shared checks, file helpers, the TorchRL-phrase mechanism, the names TorchRL has and we do not
+    {"torchrl._validation", "torchrl._files", "torchrl._phrases", "torchrl.data._torchrl_names"},
+    # the exception classes, the on-disk format engine, shared-memory primitives, loader plumbing, data formats,
+    # the component protocol and the Transform base class
+    {f"{_RB}.errors", f"{_RB}._checkpoint", f"{_RB}._shared", f"{_RB}.loading", f"{_RB}.ted", f"{_RB}.scheduler",
+     f"{_RB}.component", "torchrl.envs.transforms.transforms"},
+    # checkpointers (the format's public face), buffer utilities, post-processing modules
+    {f"{_RB}.utils", f"{_RB}.checkpointers", "torchrl.data.postprocs"},
+    {f"{_RB}.storages"},
+    {f"{_RB}.writers"},
+    {f"{_RB}.trajectories"},
+    {f"{_RB}.samplers"},
+    {f"{_RB}.sample_units"},
+    # the concrete transforms (CatFrames builds a SliceSampler; MultiStepTransform uses MultiStep)
+    {"torchrl.envs.transforms"},
+    # what a buffer delegates to: trajectory queries, the Hugging Face / LeRobot exchange
+    {f"{_RB}.query", f"{_RB}.hf"},
+    {f"{_RB}.replay_buffers"},
+    # buffers built on ReplayBuffer, the training state, Ray hosting, offline datasets
+    {f"{_RB}.her", f"{_RB}.training_state", f"{_RB}._ray", f"{_RB}.ray_buffer", "torchrl.data.datasets"},
+    # offline-to-online mixing (builds a dataset by id)
+    {f"{_RB}.offline_to_online"},
+    # the package entry points and the users of the data module
+    {_RB, "torchrl.data", "torchrl.envs", "torchrl.modules", "torchrl.render", "torchrl.objectives", "torchrl"},
+]
+
+
+def _layer(module: str) -> int | None:
+    """The index in :data:`LAYERS` of ``module`` (longest matching prefix), ``None`` if no prefix matches."""
+    best: tuple[int, int] | None = None
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[1]):
+                best = (index, len(prefix))
+    return None if best is None else best[0]
+
+
+def _climbing_imports(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for name, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if _layer(target) is not None and _layer(target) > _layer(name):  # unplaced: the test below says it
+                out.append(f"{name} (layer {_layer(name)}) -> {target} (layer {_layer(target)})")
+    return out
+
+
+def test_every_module_has_a_layer():  # (the check below skips a module that has none)
+    unplaced = sorted(name for name in MODULES if _layer(name) is None)
+    assert not unplaced, f"add these modules to a layer of LAYERS: {unplaced}"
+
+
+def test_the_layer_check_catches_a_deferred_import_that_climbs():
+    graph = {f"{_RB}.storages.tensor": {f"{_RB}.hf.lerobot"}, f"{_RB}.hf.lerobot": {f"{_RB}.storages.base"}}
+    assert _climbing_imports(graph) == [
+        f"{_RB}.storages.tensor (layer 3) -> {_RB}.hf.lerobot (layer {_layer(_RB + '.hf')})"
+    ]
+
+
+def test_no_import_climbs_a_layer_deferred_imports_included():
+    graph = {name: _imports(name, path) for name, path in MODULES.items() if _layer(name) is not None}
+    found = _climbing_imports(graph)
+    assert not found, "imports that climb a layer (move the shared piece down, or the module up):\n" + "\n".join(found)
+
+
+# -- the buffer's code is its own ---------------------------------------------------------------------------------------
+BUFFER_PACKAGE = f"{_RB}.replay_buffers"
+
+
+def _private_module_users() -> dict[str, list[str]]:
+    """``{private module of replay_buffers/replay_buffers: the torchrl modules that import it}``."""
+    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    private = sorted(n for n in MODULES if n.startswith(BUFFER_PACKAGE + "._"))
+    return {m: sorted(n for n, targets in graph.items() if m in targets and n != m) for m in private}
+
+
+def test_at_most_one_private_buffer_module_has_a_single_user():
+    """A module only one class file uses is that class's own code: it goes back into the class file."""
+    single = {m.rpartition(".")[2]: users[0] for m, users in _private_module_users().items() if len(users) == 1}
+    assert len(single) <= 1, f"private modules of replay_buffers/replay_buffers/ with a single user: {single}"

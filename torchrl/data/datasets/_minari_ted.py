@@ -16,7 +16,14 @@ import numpy as np
 import torch
 from tensordict import NonTensorStack, TensorDict, TensorDictBase
 
-from torchrl.data.replay_buffers.errors import torchrl_error
+from torchrl._phrases import TorchRLPhrase
+
+MINARI_MISMATCHING_STEPS = TorchRLPhrase(
+    RuntimeError,
+    "Mismatching number of steps for key",
+    "Mismatching number of steps for key {key!r} in episode {episode} of {source}: {got} entries, expected "
+    "{expected} (one per step, or one more for observations and infos). The dataset file is inconsistent.",
+)
 
 __all__ = ["episode_to_td", "episodes_to_td"]
 
@@ -63,8 +70,8 @@ def _shift(values, steps: int, key: tuple, episode: int, source: str, *, allow_s
             array = np.asarray(values)
             values = np.concatenate([np.zeros((1, *array.shape[1:]), dtype=array.dtype), array])
     elif n != steps + 1:
-        raise torchrl_error(
-            "minari_mismatching_steps", key=key, episode=episode, source=source, got=n, expected=steps + 1
+        raise MINARI_MISMATCHING_STEPS.error(
+            key=key, episode=episode, source=source, got=n, expected=steps + 1
         )
     return values[:-1], values[1:]
 
@@ -74,8 +81,7 @@ def _check_steps(values, steps: int, key: tuple, episode: int, source: str) -> N
         for name, sub in values.items():
             _check_steps(sub, steps, key + (name,), episode, source)
     elif len(values) != steps:
-        raise torchrl_error(
-            "minari_mismatching_steps",
+        raise MINARI_MISMATCHING_STEPS.error(
             key=key,
             episode=episode,
             source=source,

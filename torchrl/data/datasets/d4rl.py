@@ -17,11 +17,24 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl.data.datasets._files import remove_converted, write_atomically
 from torchrl.data.datasets._split import split_by_done
 from torchrl.data.datasets.common import BaseDatasetExperienceReplay
-from torchrl.data.replay_buffers.errors import torchrl_error
 from torchrl.data.replay_buffers.storages import TensorStorage
+
+D4RL_NOT_FOUND = TorchRLPhrase(
+    RuntimeError,
+    "The dataset could not be found in",
+    "The dataset could not be found in {path} and download=False. Put the D4RL HDF5 file at {file} (or pass "
+    "path=<file>), or pass download=True to convert a file given with path=.",
+)
+D4RL_IMPORT = TorchRLPhrase(
+    ImportError,
+    "Could not import d4rl",
+    "Could not import d4rl, which {why} needs. This package reads D4RL's HDF5 files without d4rl: pass "
+    "path=<file.hdf5> (or put the file at root/<dataset_id>.hdf5) and from_env=False.",
+)
 
 __all__ = ["D4RLExperienceReplay"]
 
@@ -145,7 +158,7 @@ class D4RLExperienceReplay(BaseDatasetExperienceReplay):
         if from_env or direct_download is False:
             why = "from_env=True" if from_env else "direct_download=False"
             if importlib.util.find_spec("d4rl") is None:
-                raise torchrl_error("d4rl_import", why=why)
+                raise D4RL_IMPORT.error(why=why)
             raise RuntimeError(
                 f"{why} reads the data through d4rl's environment, which this package does not do. Pass "
                 f"path=<file.hdf5> (or put the file at root/<dataset_id>.hdf5) with from_env=False."
@@ -170,7 +183,7 @@ class D4RLExperienceReplay(BaseDatasetExperienceReplay):
         if download == "force" or (download and not self._is_downloaded()):
             self._convert()
         elif not self._is_downloaded():
-            raise torchrl_error("d4rl_not_found", path=str(self.data_path), file=str(self.source_path))
+            raise D4RL_NOT_FOUND.error(path=str(self.data_path), file=str(self.source_path))
         self._check_conversion()
         with open(self.data_path / _METADATA_FILE, encoding="utf-8") as file:
             self.metadata = json.load(file)

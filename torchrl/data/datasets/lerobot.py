@@ -23,11 +23,31 @@ import numpy as np
 import torch
 from tensordict import NonTensorStack, TensorDict
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl.data.datasets.common import BaseDatasetExperienceReplay
-from torchrl.data.replay_buffers.errors import torchrl_error
 from torchrl.data.replay_buffers.hf.lerobot import is_lerobot_dir
 from torchrl.data.replay_buffers.hf.lerobot_reader import TASK_COLUMN, LeRobotDirectory, lerobot_key
+from torchrl.data.replay_buffers.samplers.slice import SliceSampler
 from torchrl.data.replay_buffers.storages import TensorStorage
+
+LEROBOT_SLICES_BOTH = TorchRLPhrase(
+    ValueError,
+    "num_slices or slice_len can be passed, but not both.",
+    "num_slices or slice_len can be passed, but not both. Got num_slices={num_slices!r} and "
+    "slice_len={slice_len!r}: pass the number of slices per batch or the length of each slice.",
+)
+LEROBOT_NOT_FOUND = TorchRLPhrase(
+    RuntimeError,
+    "Dataset .* not found at",
+    "Dataset {repo_id!r} not found at {path} and download=False. Pass download=True to convert it (from the "
+    "Hub, or from a local LeRobot directory with LeRobotExperienceReplay.from_local(path)).",
+)
+LEROBOT_MIXED_STRINGS = TorchRLPhrase(
+    ValueError,
+    "mixes strings",
+    "Column {column!r} mixes strings and other values: a column holds one kind of value per frame (all str "
+    "for text, all numbers otherwise).",
+)
 
 __all__ = ["LeRobotExperienceReplay", "lerobot_columns_to_tensordict"]
 
@@ -54,7 +74,7 @@ def _column_values(name: str, values):
         if values and all(strings):
             return NonTensorStack.from_list(list(values))
         if any(strings):
-            raise torchrl_error("lerobot_mixed_strings", column=name)
+            raise LEROBOT_MIXED_STRINGS.error(column=name)
         try:
             return torch.as_tensor(np.asarray(values))
         except (TypeError, ValueError) as err:
@@ -159,7 +179,7 @@ def _check_download(download):
 
 def _check_slices(num_slices, slice_len) -> None:
     if num_slices is not None and slice_len is not None:
-        raise torchrl_error("lerobot_slices_both", num_slices=num_slices, slice_len=slice_len)
+        raise LEROBOT_SLICES_BOTH.error(num_slices=num_slices, slice_len=slice_len)
 
 
 def _fingerprint(source: Path) -> dict:
@@ -398,7 +418,7 @@ class LeRobotExperienceReplay(BaseDatasetExperienceReplay):
         if download == "force" or (download and (not self._is_downloaded() or stale)):
             self._convert(source if source is not None else self._hub_snapshot())
         elif not self._is_downloaded():
-            raise torchrl_error("lerobot_not_found", repo_id=self.repo_id, path=str(self.data_path))
+            raise LEROBOT_NOT_FOUND.error(repo_id=self.repo_id, path=str(self.data_path))
         self.metadata = _read_json(self.data_path / _INFO_FILE)
         self.metadata["tasks"] = {int(k): v for k, v in self.metadata.get("tasks", {}).items()}
         self._frames_td = TensorDict.load_memmap(self.data_path)
@@ -488,8 +508,6 @@ class LeRobotExperienceReplay(BaseDatasetExperienceReplay):
         pin_memory=False,
         prefetch=None,
     ) -> None:
-        from torchrl.data import SliceSampler
-
         _check_slices(num_slices, slice_len)
         for name, value in (("rehydrate", rehydrate), ("strict_length", strict_length)):
             if not isinstance(value, bool):

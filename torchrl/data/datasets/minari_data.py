@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tensordict import TensorDict
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl.data.datasets._files import remove_converted, write_atomically
 from torchrl.data.datasets._minari_arrow import read_episodes as read_arrow_episodes
 from torchrl.data.datasets._minari_hdf5 import MAIN_FILE as HDF5_MAIN_FILE
@@ -22,8 +23,15 @@ from torchrl.data.datasets._minari_spaces import parse_space
 from torchrl.data.datasets._minari_ted import episodes_to_td
 from torchrl.data.datasets._split import split_by_done
 from torchrl.data.datasets.common import BaseDatasetExperienceReplay
-from torchrl.data.replay_buffers.errors import torchrl_error
 from torchrl.data.replay_buffers.storages import TensorStorage
+
+MINARI_LOCAL_MISSING = TorchRLPhrase(
+    FileNotFoundError,
+    "does not exist in local Minari cache!",
+    "Dataset {dataset_id!r} does not exist in local Minari cache! Looked in {path} (the directory "
+    "$MINARI_DATASETS_PATH names, else ~/.minari/datasets). Point MINARI_DATASETS_PATH at the directory that "
+    "holds <namespace>/<name>/data/, or pass the right dataset_id.",
+)
 
 __all__ = ["MinariExperienceReplay"]
 
@@ -182,7 +190,7 @@ class MinariExperienceReplay(BaseDatasetExperienceReplay):
         if (data_dir / "metadata.json").exists():
             return data_dir
         if required:
-            raise torchrl_error("minari_local_missing", dataset_id=self.dataset_id, path=str(data_dir))
+            raise MINARI_LOCAL_MISSING.error(dataset_id=self.dataset_id, path=str(data_dir))
         raise RuntimeError(
             f"Minari dataset {self.dataset_id!r} is neither converted under root={str(self.root)!r} nor in "
             f"Minari's local cache ({data_dir}), and this package does not download datasets (no network "

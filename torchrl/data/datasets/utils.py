@@ -11,8 +11,27 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl.data._torchrl_names import NotProvidedError
-from torchrl.data.replay_buffers.errors import torchrl_error
+
+DATASET_PREFIX_REGISTERED = TorchRLPhrase(
+    KeyError,
+    "already registered. Pass replace=True",
+    "Dataset source {prefix!r} is already registered. Pass replace=True to register_dataset to replace its "
+    "factory ({current}), or choose another prefix.",
+)
+DATASET_ID_PREFIX = TorchRLPhrase(
+    ValueError,
+    "dataset_id must be prefixed with a source identifier",
+    "dataset_id must be prefixed with a source identifier, as in 'minari:<name>', got {dataset_id!r}. Known "
+    "sources: {sources}.",
+)
+DATASET_UNKNOWN_SOURCE = TorchRLPhrase(
+    ValueError,
+    "Unknown dataset source",
+    "Unknown dataset source {prefix!r} (in dataset_id {dataset_id!r}). Known sources: {sources}; add one with "
+    "register_dataset(prefix, factory).",
+)
 
 __all__ = ["load_dataset", "register_dataset"]
 
@@ -117,7 +136,7 @@ def register_dataset(prefix: str, dataset: Callable | str, *, replace: bool = Fa
     if not isinstance(replace, bool):
         raise TypeError(f"`replace` must be a bool, got {replace!r}.")
     if key in _REGISTRY and not replace:
-        raise torchrl_error("dataset_prefix_registered", prefix=key, current=_REGISTRY[key])
+        raise DATASET_PREFIX_REGISTERED.error(prefix=key, current=_REGISTRY[key])
     _REGISTRY[key] = factory
 
 
@@ -144,9 +163,9 @@ def load_dataset(dataset_id: str, **kwargs: Any):
         raise TypeError(f"`dataset_id` must be a str '<source>:<name>', got {type(dataset_id).__name__}.")
     sources = ", ".join(sorted(_REGISTRY))
     if ":" not in dataset_id:
-        raise torchrl_error("dataset_id_prefix", dataset_id=dataset_id, sources=sources)
+        raise DATASET_ID_PREFIX.error(dataset_id=dataset_id, sources=sources)
     prefix, _, name = dataset_id.partition(":")
     key = prefix.strip().lower()
     if key not in _REGISTRY:
-        raise torchrl_error("dataset_unknown_source", prefix=prefix, dataset_id=dataset_id, sources=sources)
+        raise DATASET_UNKNOWN_SOURCE.error(prefix=prefix, dataset_id=dataset_id, sources=sources)
     return _resolve(_REGISTRY[key])(name, **kwargs)

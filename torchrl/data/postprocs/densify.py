@@ -14,7 +14,15 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import is_real
+
+DENSIFY_SHAPES = TorchRLPhrase(
+    RuntimeError,
+    "reward and done state are expected to have the same shape",
+    "reward and done state are expected to have the same shape, got reward {reward} and done {done}: store "
+    "both as [..., T, 1] (e.g. done.unsqueeze(-1)), or pass the matching entries with `reward_key=`/`done_key=`.",
+)
 
 __all__ = ["DensifyReward"]
 
@@ -117,11 +125,7 @@ class DensifyReward(TensorDictModuleBase):
             if not isinstance(value, torch.Tensor):
                 raise KeyError(f"DensifyReward reads ('next', {key!r}); the TensorDict has no such tensor entry.")
         if reward.shape != done.shape:
-            # deferred: the replay-buffer package imports the transforms, which import postprocs.postprocs, which
-            # imports this module: at import time it would find this module half-built
-            from torchrl.data.replay_buffers.errors import torchrl_error
-
-            raise torchrl_error("densify_shapes", reward=list(reward.shape), done=list(done.shape))
+            raise DENSIFY_SHAPES.error(reward=list(reward.shape), done=list(done.shape))
         if reward.ndim < 2:
             raise ValueError(
                 f"DensifyReward reads time along dim -2, so rewards and done flags need a trailing feature dim: got "

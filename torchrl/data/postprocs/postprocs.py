@@ -16,19 +16,32 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import is_int, is_real
 from torchrl.data.postprocs.densify import DensifyReward  # noqa: F401  (TorchRL's path: postprocs.postprocs)
+from torchrl.data.replay_buffers.ted import DEFAULT_DONE_KEYS
+
+MULTISTEP_POSTPROC_N_STEPS = TorchRLPhrase(
+    ValueError,
+    "n_steps must be a non-negative integer.",
+    "n_steps must be a non-negative integer. Got n_steps={value!r} ({cls}): pass an int >= 1 (the number of "
+    "steps each transition looks ahead; 1 leaves one-step transitions).",
+)
+MULTISTEP_POSTPROC_GAMMA = TorchRLPhrase(
+    ValueError,
+    "got out-of-bounds gamma decay",
+    "MultiStep got out-of-bounds gamma decay: gamma={value!r}. Pass the discount of one step, a float in "
+    "(0, 1] (e.g. gamma=0.99).",
+)
+MULTISTEP_DONE_SHAPE = TorchRLPhrase(
+    RuntimeError,
+    r"tensordict shape must be compatible with the done's shape \(trailing singleton dimension excluded\).",
+    "tensordict shape must be compatible with the done's shape (trailing singleton dimension excluded). Got "
+    "done {done} for a batch of size {batch}: store done as [*B, T] or [*B, T, 1], or give every entry the "
+    "leading dims of done.",
+)
 
 __all__ = ["MultiStep"]
-
-_DEFAULT_DONE_KEYS = ("done", "truncated", "terminated")  # ted.DEFAULT_DONE_KEYS (ted imports the buffers)
-
-
-def _torchrl_error(situation: str, /, **fields) -> BaseException:
-    # deferred: the replay-buffer package imports the transforms, which import this module
-    from torchrl.data.replay_buffers.errors import torchrl_error
-
-    return torchrl_error(situation, **fields)
 
 
 def _as_tuple(key) -> tuple:
@@ -102,14 +115,14 @@ class MultiStep(nn.Module):
     def __init__(self, gamma: float, n_steps: int):
         super().__init__()
         if not is_int(n_steps) or n_steps <= 0:
-            raise _torchrl_error("multistep_postproc_n_steps", value=n_steps, cls=type(n_steps).__name__)
+            raise MULTISTEP_POSTPROC_N_STEPS.error(value=n_steps, cls=type(n_steps).__name__)
         if not is_real(gamma) or not 0 < float(gamma) <= 1:
-            raise _torchrl_error("multistep_postproc_gamma", value=gamma)
+            raise MULTISTEP_POSTPROC_GAMMA.error(value=gamma)
         self.gamma = float(gamma)
         self.n_steps = int(n_steps)
         self.register_buffer("gammas", self.gamma ** torch.arange(self.n_steps + 1, dtype=torch.float))
         self.done_key: Any = "done"
-        self.done_keys: Sequence = _DEFAULT_DONE_KEYS
+        self.done_keys: Sequence = DEFAULT_DONE_KEYS
         self.reward_keys: Sequence = ("reward",)
         self.mask_key: Any = ("collector", "mask")
 
@@ -132,7 +145,7 @@ class MultiStep(nn.Module):
         try:
             rebatched = _rebatch(tensordict, done.shape)
         except Exception as err:  # any entry that does not start with done's shape
-            raise _torchrl_error("multistep_done_shape", done=list(done.shape), batch=list(batch)) from err
+            raise MULTISTEP_DONE_SHAPE.error(done=list(done.shape), batch=list(batch)) from err
         out = self._process(rebatched, rebatched.get(("next", *_as_tuple(self.done_key))), reward_keys)
         out = out.transpose(tensordict.batch_dims - 1, done.ndim - 1).contiguous()
         return TensorDict(out.to_dict(), batch_size=batch, device=tensordict.device)

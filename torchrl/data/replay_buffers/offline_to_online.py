@@ -15,17 +15,45 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_int, check_positive_int, is_real
-from torchrl.data.replay_buffers.errors import torchrl_error
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.mixer import (
     INDEX_KEY,
+    O2O_SAMPLE_BATCH_SIZE,
     MixedReplayBuffer,
     largest_remainder_counts,
 )
 from torchrl.data.replay_buffers.storages.base import Storage
 from torchrl.data.replay_buffers.storages.dataset_storage import DatasetStorage
 from torchrl.data.replay_buffers.storages.lazy_tensor import LazyTensorStorage
+
+O2O_BOTH_ONLINE = TorchRLPhrase(
+    ValueError,
+    "not both.",
+    "Pass online_storage or online_capacity, not both. Got online_storage={storage} and "
+    "online_capacity={capacity!r}: keep online_storage to use that storage, or online_capacity=N for a "
+    "LazyTensorStorage(N).",
+)
+O2O_NO_ONLINE = TorchRLPhrase(
+    ValueError,
+    "Provide one of",
+    "Provide one of online_storage (a Storage for the online data) or online_capacity (an int: a "
+    "LazyTensorStorage of that size is built); got neither.",
+)
+O2O_STRING_BATCH_SIZE = TorchRLPhrase(
+    ValueError,
+    "batch_size must be provided when offline_dataset is a string",
+    "batch_size must be provided when offline_dataset is a string (got offline_dataset={dataset!r}): the "
+    "dataset is built by load_dataset(offline_dataset, batch_size=batch_size, **dataset_kwargs). Pass "
+    "batch_size=N.",
+)
+O2O_DATASET_KWARGS = TorchRLPhrase(
+    ValueError,
+    "dataset_kwargs are only forwarded when offline_dataset is a string",
+    "dataset_kwargs are only forwarded when offline_dataset is a string (a dataset id for load_dataset); got "
+    "{kwargs} with a {cls}. Build that dataset with these arguments yourself, or pass its id string.",
+)
 
 __all__ = [
     "OfflineToOnlineReplayBuffer",
@@ -134,9 +162,9 @@ class OfflineToOnlineReplayBuffer:
         **dataset_kwargs,
     ):
         if online_storage is not None and online_capacity is not None:
-            raise torchrl_error("o2o_both_online", storage=type(online_storage).__name__, capacity=online_capacity)
+            raise O2O_BOTH_ONLINE.error(storage=type(online_storage).__name__, capacity=online_capacity)
         if online_storage is None and online_capacity is None:
-            raise torchrl_error("o2o_no_online")
+            raise O2O_NO_ONLINE.error()
         if online_storage is not None and not isinstance(online_storage, Storage):
             raise TypeError(
                 f"`online_storage` must be a Storage (e.g. LazyTensorStorage(N)), got "
@@ -148,12 +176,12 @@ class OfflineToOnlineReplayBuffer:
         batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
         if isinstance(offline_dataset, str):
             if batch_size is None:  # (a batch_size keyword is this argument: dataset_kwargs never holds one)
-                raise torchrl_error("o2o_string_batch_size", dataset=offline_dataset)
+                raise O2O_STRING_BATCH_SIZE.error(dataset=offline_dataset)
             offline = _load_dataset(offline_dataset, **dataset_kwargs, batch_size=batch_size)
         else:
             if dataset_kwargs:
-                raise torchrl_error(
-                    "o2o_dataset_kwargs", kwargs=sorted(dataset_kwargs), cls=type(offline_dataset).__name__
+                raise O2O_DATASET_KWARGS.error(
+                    kwargs=sorted(dataset_kwargs), cls=type(offline_dataset).__name__
                 )
             offline = offline_dataset
         offline = _as_offline_buffer(offline)
@@ -227,7 +255,7 @@ class OfflineToOnlineReplayBuffer:
         """
         if batch_size is None:
             if self._batch_size is None:
-                raise torchrl_error("o2o_sample_batch_size", cls=type(self).__name__)
+                raise O2O_SAMPLE_BATCH_SIZE.error(cls=type(self).__name__)
             batch_size = self._batch_size
         batch_size = check_positive_int("batch_size", batch_size)
         n_off = round(self._fraction * batch_size)

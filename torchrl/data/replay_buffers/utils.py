@@ -23,7 +23,8 @@ import torch
 import torch.utils._pytree as _pytree
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 
-from torchrl.data.replay_buffers.errors import torchrl_error
+from torchrl._phrases import TorchRLPhrase
+from torchrl.data.replay_buffers.errors import ValueRuntimeError
 from torchrl.data.replay_buffers.ted import (
     DEFAULT_DONE_KEYS,
     Flat2TED,
@@ -32,6 +33,23 @@ from torchrl.data.replay_buffers.ted import (
     Nested2TED,
     TED2Flat,
     TED2Nested,
+)
+
+TRAJ_EXACTLY_ONE = TorchRLPhrase(
+    TypeError,
+    "Exactly one",
+    "Exactly one of `trajectory` and `end` must be given, got {got}.",
+)
+TRAJ_CURSOR_EMPTY = TorchRLPhrase(
+    ValueRuntimeError,
+    "cursor must not be",
+    "The cursor must not be empty (got {cursor!r}): pass the storage's write cursor as an int or a non-empty "
+    "tensor of positions.",
+)
+TRAJ_EMPTY = TorchRLPhrase(
+    ValueRuntimeError,
+    "empty",
+    "The {name} input is empty (T=0): there is no trajectory to find. Pass at least one step.",
 )
 
 # What ``torchrl.data`` exports from here; INT_CLASSES, INT_CLASSES_TYPING, DEFAULT_REWARD_KEYS, tree_iter and
@@ -137,7 +155,7 @@ def pin_memory_output(fun: Callable) -> Callable:
 
 def _cursor_row(cursor) -> int:
     if (isinstance(cursor, range) and not len(cursor)) or (isinstance(cursor, torch.Tensor) and not cursor.numel()):
-        raise torchrl_error("traj_cursor_empty", cursor=cursor)
+        raise TRAJ_CURSOR_EMPTY.error(cursor=cursor)
     if isinstance(cursor, range):
         return cursor[-1]
     if isinstance(cursor, torch.Tensor) and not cursor.is_floating_point() and cursor.ndim <= 1 and cursor.numel():
@@ -183,7 +201,7 @@ def find_start_stop_traj(
     """
     if (trajectory is None) == (end is None):
         got = "both" if trajectory is not None else "neither"
-        raise torchrl_error("traj_exactly_one", got=got)
+        raise TRAJ_EXACTLY_ONE.error(got=got)
     if not isinstance(at_capacity, (bool, np.bool_)):
         raise TypeError(f"`at_capacity` must be a bool, got {at_capacity!r}.")
     name = "trajectory" if trajectory is not None else "end"
@@ -191,7 +209,7 @@ def find_start_stop_traj(
     if values.ndim == 0:
         raise ValueError(f"`{name}` must have a time dim (dim 0), got a 0-d tensor.")
     if values.shape[0] == 0:
-        raise torchrl_error("traj_empty", name=f"`{name}`")
+        raise TRAJ_EMPTY.error(name=f"`{name}`")
     if cursor is not None:
         _cursor_row(cursor)  # checked before anything is computed, whatever `at_capacity`
     if trajectory is not None:

@@ -17,20 +17,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import TensorDictBase
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import is_int, is_real
 from torchrl.envs.transforms.transforms import Transform
+
+MULTISTEP_N_STEPS = TorchRLPhrase(
+    ValueError,
+    "The value of n_steps must be a strictly positive integer.",
+    "The value of n_steps must be a strictly positive integer. Got n_steps={value!r} ({cls}): pass an int >= 1 "
+    "(the number of steps each transition looks ahead; 1 leaves one-step transitions).",
+)
 
 if TYPE_CHECKING:
     from torchrl.data.postprocs.postprocs import MultiStep
 
 __all__ = ["MultiStepTransform"]
 
-
-def _torchrl_error(situation: str, /, **fields) -> BaseException:
-    """TorchRL's error for ``situation`` (the registry is imported here: NOTE [deferred torchrl.data imports])."""
-    from torchrl.data.replay_buffers.errors import torchrl_error
-
-    return torchrl_error(situation, **fields)
 
 _HELD_STATE_VERSION = 1
 
@@ -76,7 +78,7 @@ def check_gamma(gamma) -> float:
 def check_n_steps(n_steps) -> int:
     """``n_steps`` as an int ``>= 1`` (TorchRL's ``ValueError`` otherwise, non-int values included)."""
     if not is_int(n_steps) or n_steps < 1:
-        raise _torchrl_error("multistep_n_steps", value=n_steps, cls=type(n_steps).__name__)
+        raise MULTISTEP_N_STEPS.error(value=n_steps, cls=type(n_steps).__name__)
     return int(n_steps)
 
 

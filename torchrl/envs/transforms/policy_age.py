@@ -14,17 +14,24 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import is_int
 from torchrl.envs.transforms.transforms import Transform
 
+POLICY_LAG_NEGATIVE = TorchRLPhrase(
+    ValueError,
+    "max_policy_lag must be non-negative",
+    "max_policy_lag must be non-negative, got {value!r}: pass 0 to keep the current policy's data only, or the "
+    "largest number of policy versions a row may lag.",
+)
+POLICY_VERSION_MISSING = TorchRLPhrase(
+    KeyError,
+    "PolicyAgeFilter:",
+    "PolicyAgeFilter: the data has no {key!r} entry (strict=True). Write each row's policy version there, "
+    "pass the key that holds it with `policy_version_key=`, or strict=False to let such data through.",
+)
+
 __all__ = ["PolicyAgeFilter"]
-
-
-def _torchrl_error(situation: str, /, **fields) -> BaseException:
-    """TorchRL's error for ``situation`` (the registry is imported here: NOTE [deferred torchrl.data imports])."""
-    from torchrl.data.replay_buffers.errors import torchrl_error
-
-    return torchrl_error(situation, **fields)
 
 
 class PolicyAgeFilter(Transform):
@@ -93,7 +100,7 @@ class PolicyAgeFilter(Transform):
             raise TypeError(f"`max_policy_lag` must be an int >= 0, got {max_policy_lag!r} "
                             f"({type(max_policy_lag).__name__}).")
         if max_policy_lag < 0:
-            raise _torchrl_error("policy_lag_negative", value=max_policy_lag)
+            raise POLICY_LAG_NEGATIVE.error(value=max_policy_lag)
         if not (isinstance(policy_version_key, str) or (isinstance(policy_version_key, tuple) and policy_version_key)):
             raise TypeError(f"`policy_version_key` must be a key (str or tuple of str), got {policy_version_key!r}.")
         if not isinstance(strict, bool):
@@ -122,7 +129,7 @@ class PolicyAgeFilter(Transform):
         versions = data.get(self.policy_version_key, None)
         if versions is None:
             if self.strict:
-                raise _torchrl_error("policy_version_missing", key=self.policy_version_key)
+                raise POLICY_VERSION_MISSING.error(key=self.policy_version_key)
             if not self._warned:
                 self._warned = True
                 warnings.warn(

@@ -13,10 +13,17 @@ import math
 import numpy as np
 import torch
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_int, check_positive_int, is_int, is_real
-from torchrl.data.replay_buffers.errors import torchrl_error
 from torchrl.data.replay_buffers.samplers.base import state_int
 from torchrl.data.replay_buffers.samplers.segment_tree import _as_value_array, _SegmentTree
+
+ALPHA_NEGATIVE = TorchRLPhrase(
+    ValueError,
+    "alpha must be greater or equal",
+    "alpha must be greater or equal to 0, got alpha={alpha!r}. Pass 0 for uniform sampling or a positive "
+    "exponent (0.6 or 0.7 are common).",
+)
 
 REDUCTIONS = ("max", "min", "sum", "mean", "median")
 #: The version of :meth:`PrioritizedSampler.state_dict`'s layout (TorchRL's ``_schema_version``).
@@ -43,7 +50,7 @@ def _check_alpha(value) -> float:
         and value.numel() == 1
         and bool(value < 0)
     ):
-        raise torchrl_error("alpha_negative", alpha=float(value))
+        raise ALPHA_NEGATIVE.error(alpha=float(value))
     return _check_exponent("alpha", value)
 
 

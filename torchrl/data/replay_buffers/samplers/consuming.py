@@ -31,16 +31,24 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_positive_int
 from torchrl.data.replay_buffers._shared.counters import SharedCounters, is_spawning
 from torchrl.data.replay_buffers._shared.lock import NULL_LOCK, ProcessLock
-from torchrl.data.replay_buffers.errors import EpochEnded, torchrl_error
+from torchrl.data.replay_buffers.errors import EpochEnded
 from torchrl.data.replay_buffers.samplers.base import (
+    CONSUMED_EMPTY,
     Sampler,
     check_batch_size,
     state_bool,
     state_index_tensor,
     state_int,
+)
+
+CONSUMING_NDIM = TorchRLPhrase(
+    ValueError,
+    "1-dimensional storages",
+    "{cls} works on 1-dimensional storages, got a storage with ndim={ndim}. Use a storage built with ndim=1.",
 )
 
 __all__ = ["ConsumingSampler"]
@@ -415,7 +423,7 @@ class ConsumingSampler(Sampler):
     def sample(self, storage, batch_size: int):
         batch_size = check_batch_size(batch_size)
         if storage.ndim != 1:
-            raise torchrl_error("consuming_ndim", cls=type(self).__name__, ndim=storage.ndim)
+            raise CONSUMING_NDIM.error(cls=type(self).__name__, ndim=storage.ndim)
         with self._guard():
             return self._sample(storage, batch_size)
 
@@ -427,8 +435,7 @@ class ConsumingSampler(Sampler):
                 raise EpochEnded("Every item of the consuming buffer was consumed.")
             known = self._known_len
             what = "holds no data" if known == 0 else f"has consumed all its {known} items"
-            raise torchrl_error(
-                "consumed_empty",
+            raise CONSUMED_EMPTY.error(
                 why=f"the buffer {what} (ConsumingSampler(max_sample_count={self.max_sample_count})). Write new "
                 f"data first (rb.extend), or iterate with `for batch in rb`, which stops when nothing is left",
             )

@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_bool
-from torchrl.data.replay_buffers.errors import EpochEnded, torchrl_error
+from torchrl.data.replay_buffers.errors import EpochEnded
 from torchrl.data.replay_buffers.samplers._shared_epoch import (
     Pin,
     SharedEpoch,
@@ -32,6 +33,13 @@ from torchrl.data.replay_buffers.samplers.base import (
     unravel,
 )
 from torchrl.data.replay_buffers.samplers.random import RandomSampler
+
+WITHOUT_REPLACEMENT_BATCH = TorchRLPhrase(
+    ValueError,
+    "The batch size .* is greater than the storage capacity",
+    "The batch size {batch_size} is greater than the storage capacity {size} and drop_last=True, so no batch "
+    "can be drawn. Sample at most {size} items, extend the buffer, or build the sampler with drop_last=False.",
+)
 
 _SEED_BOUND = 1 << 62  # seeds of shared epochs are below it; -1 is storage order
 #: The largest epoch a state may describe: a shared sampler holds the whole permutation (8 bytes an item), so a
@@ -230,7 +238,7 @@ class SamplerWithoutReplacement(Sampler):
         batch_size = check_batch_size(batch_size)
         n = check_not_empty(storage)
         if self.drop_last and n < batch_size:
-            raise torchrl_error("without_replacement_batch", batch_size=batch_size, size=n)
+            raise WITHOUT_REPLACEMENT_BATCH.error(batch_size=batch_size, size=n)
         return unravel(self._next_in_epoch(n, batch_size), storage), {}
 
     def _next_in_epoch(self, n: int, count: int) -> torch.Tensor:

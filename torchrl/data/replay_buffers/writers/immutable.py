@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from torchrl.data.replay_buffers.errors import torchrl_error
+from torchrl._phrases import TorchRLPhrase
 from torchrl.data.replay_buffers.writers.base import Writer
+
+DATASET_READ_ONLY = TorchRLPhrase(
+    RuntimeError,
+    "This dataset doesn't allow writing.",
+    "This dataset doesn't allow writing. The buffer is read-only ({cls}): it does not accept "
+    "add/extend/empty. Build the buffer with writer=RoundRobinWriter() to write data.",
+)
 
 
 class ImmutableDatasetWriter(Writer):
@@ -21,7 +28,7 @@ class ImmutableDatasetWriter(Writer):
     """
 
     def _refuse(self):
-        raise torchrl_error("dataset_read_only", cls=type(self).__name__)
+        raise DATASET_READ_ONLY.error(cls=type(self).__name__)
 
     def add(self, data):
         self._refuse()

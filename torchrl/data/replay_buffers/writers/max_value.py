@@ -30,10 +30,26 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, is_tensor_collection
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_bool
 from torchrl.data.replay_buffers._shared.counters import is_spawning
-from torchrl.data.replay_buffers.errors import torchrl_error
+from torchrl.data.replay_buffers.errors import TypeRuntimeError
 from torchrl.data.replay_buffers.writers.base import Writer
+
+MAX_VALUE_WRITER_DATA = TorchRLPhrase(
+    TypeRuntimeError,
+    "expects data to be a tensor collection",
+    "{cls} expects data to be a tensor collection (a TensorDict or a tensorclass holding the rank key), got "
+    "{got}. Wrap the data in a TensorDict with the rank entry, or use a RoundRobinWriter for tensors and "
+    "pytrees.",
+)
+MAX_VALUE_WRITER_SPAWN = TorchRLPhrase(
+    RuntimeError,
+    "cannot be shared between processes",
+    "A {cls} cannot be shared between processes: its top-k decisions are not synchronized across processes. "
+    "Write from one process: use num_workers=0, or the 'fork' start method for DataLoader workers that only "
+    "sample, or a RoundRobinWriter.",
+)
 
 _REDUCTIONS = ("max", "min", "mean", "median", "sum")
 _UNBOUNDED = torch.iinfo(torch.int64).max
@@ -181,7 +197,7 @@ class TensorDictMaxValueWriter(Writer):
     def _ranks_of(self, data, batched: bool) -> torch.Tensor:
         """One float64 rank per item (``[N]`` for a batch, ``[1]`` for one item)."""
         if not is_tensor_collection(data):  # a TypeError, and the RuntimeError TorchRL raises here
-            raise torchrl_error("max_value_writer_data", cls=type(self).__name__, got=_described(data))
+            raise MAX_VALUE_WRITER_DATA.error(cls=type(self).__name__, got=_described(data))
         if batched and not data.batch_dims:
             raise ValueError(
                 "extend() takes a batch whose first dim indexes items; got a TensorDict with no batch dim. "
@@ -352,7 +368,7 @@ class TensorDictMaxValueWriter(Writer):
     def __getstate__(self):
         # as in TorchRL: decisions are not synchronized across processes, so a spawned process gets no copy
         if is_spawning():
-            raise torchrl_error("max_value_writer_spawn", cls=type(self).__name__)
+            raise MAX_VALUE_WRITER_SPAWN.error(cls=type(self).__name__)
         return super().__getstate__()
 
     def __repr__(self) -> str:
