@@ -22,7 +22,12 @@ returns (see the comments below).
 
 Layout: one folder per package of ``torchrl`` (``storages/``, ``samplers/``, ``writers/``, ``buffers/``,
 ``checkpoint/``, ``loading/``, ``shared/``, ``hf/``, ``ray_buffer/``, ``compat/``, ...), ``project/`` for the
-project itself (architecture, docs, examples), ``data/`` for stored fixtures. The folders have no ``__init__.py``:
+project itself (architecture, docs, examples), ``data/`` for stored fixtures. A file is named after the component or
+behaviour it tests, never after the work item that asked for it. A TorchRL-compatibility test lives in its area's
+folder (``samplers/test_slice_torchrl_compat.py`` beside the slice sampler's tests); ``compat/`` keeps only what
+crosses areas: public names, import paths, constructor keywords and error phrases. The contracts every storage,
+sampler and writer keeps (checkpoint round trip, worker copy) run over all of them in
+``checkpoint/test_component_contracts.py``; buffers are built by the one factory ``helpers.factories.make_buffer``. The folders have no ``__init__.py``:
 pytest imports each test module by its file name, so a file name is used once in the whole tree (pytest refuses
 a second one). ``pythonpath = ["test"]`` (pyproject.toml) makes ``helpers/`` importable as ``helpers``, in this
 process and in the children it spawns (multiprocessing hands them its ``sys.path``): data and component factories

@@ -13,6 +13,7 @@ from functools import partial
 
 import pytest
 import torch
+from helpers.factories import make_buffer
 from tensordict import TensorDict
 
 from torchrl.data import (
@@ -36,7 +37,7 @@ def _td(n: int, start: int = 0) -> TensorDict:
 
 
 def _tdprb(**kwargs):
-    return TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=LazyTensorStorage(20), **kwargs)
+    return make_buffer(cls=TensorDictPrioritizedReplayBuffer, alpha=0.7, beta=0.5, capacity=20, **kwargs)
 
 
 # -- sample(include_info=...) -------------------------------------------------------------------------------------
@@ -432,3 +433,104 @@ def test_adding_a_write_state_transform_to_a_shared_buffer(method):
     add(transform)
     assert transform.shared and len(rb.transform) == 1
     ReplayBuffer(storage=LazyTensorStorage(4)).append_transform(_WriteState())  # not shared: accepted
+
+
+# -- add, drop_last, iteration, ensemble index (from the behaviours TorchRL code relies on, issue 12) ----------------
+def test_add_of_a_batched_tensordict_warns_and_names_extend():
+    rb = ReplayBuffer(storage=LazyTensorStorage(10))
+    with pytest.warns(UserWarning, match="extend"):
+        rb.add(TensorDict(a=torch.zeros(3), batch_size=[3]))
+
+
+def test_drop_last_without_batch_size_is_refused_at_construction():
+    with pytest.raises(ValueError, match="batch_size"):
+        ReplayBuffer(storage=LazyTensorStorage(10), sampler=SamplerWithoutReplacement(drop_last=True))
+    ReplayBuffer(storage=LazyTensorStorage(10), sampler=SamplerWithoutReplacement(drop_last=True), batch_size=2)
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 3])
+def test_iterating_with_prefetch_yields_exactly_one_epoch(prefetch):
+    rb = ReplayBuffer(
+        storage=LazyTensorStorage(10), sampler=SamplerWithoutReplacement(), batch_size=2, prefetch=prefetch or None
+    )
+    rb.extend(torch.arange(10))
+    for _ in range(3):  # batches prefetched past an epoch's end open the next epoch
+        batches = list(rb)
+        assert len(batches) == 5
+        assert sorted(torch.cat(batches).tolist()) == list(range(10))
+
+
+def test_ensemble_sample_index_is_a_tensordict_of_index_and_buffer_ids():
+    members = []
+    for offset in (0, 100):
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10))
+        rb.extend(TensorDict(obs=torch.arange(5) + offset, batch_size=[5]))
+        members.append(rb)
+    batch, info = ReplayBufferEnsemble(*members, batch_size=6).sample(return_info=True)
+    assert set(batch["index"].keys()) == {"index", "buffer_ids"}
+    assert set(info["index"].keys()) == {"index", "buffer_ids"}
+    ids, rows = batch["index", "buffer_ids"], batch["index", "index"]
+    assert ids.shape == rows.shape == batch.batch_size
+    assert torch.equal(batch["obs"], rows + 100 * ids)
+
+
+# -- prefetched batches are state (from the behaviours TorchRL code relies on, issue 12) -----------------------------
+def _prefetching_buffer():
+    rb = ReplayBuffer(
+        storage=LazyTensorStorage(100), batch_size=4, prefetch=3, generator=torch.Generator().manual_seed(0)
+    )
+    rb.extend(torch.arange(100))
+    rb.sample()  # fills the prefetch queue
+    return rb
+
+
+def test_state_dict_keeps_prefetched_batches():
+    rb = _prefetching_buffer()
+    state = rb.state_dict()
+    assert state["_prefetch_state"]["version"] == 1 and len(state["_prefetch_state"]["queue"]) == 3
+    restored = ReplayBuffer(
+        storage=LazyTensorStorage(100), batch_size=4, prefetch=3, generator=torch.Generator()
+    )
+    restored.load_state_dict(state)
+    assert [restored.sample().tolist() for _ in range(6)] == [rb.sample().tolist() for _ in range(6)]
+    other = ReplayBuffer(storage=LazyTensorStorage(100), batch_size=4, prefetch=2)
+    with pytest.raises(ValueError, match="prefetch=3"):
+        other.load_state_dict(state)
+
+
+def test_pickled_buffer_returns_the_same_next_batches():
+    rb = _prefetching_buffer()
+    copy = pickle.loads(pickle.dumps(rb))
+    assert len(copy._prefetch_queue) == 3
+    assert [copy.sample().tolist() for _ in range(6)] == [rb.sample().tolist() for _ in range(6)]
+    worker_copy = pickle.loads(pickle.dumps(rb))
+    worker_copy.prepare_worker_copy(seed=1)  # a DataLoader worker never sees the parent's prefetched batches
+    assert len(worker_copy._prefetch_queue) == 0
+
+
+@pytest.mark.parametrize("tensordict_items", [False, True])
+def test_dumps_keeps_prefetched_batches_without_pickle(tmp_path, tensordict_items):
+    def build(prefetch=3):
+        rb = ReplayBuffer(
+            storage=LazyTensorStorage(100),
+            batch_size=4,
+            prefetch=prefetch,
+            generator=torch.Generator().manual_seed(0),
+        )
+        data = torch.arange(100)
+        rb.extend(
+            TensorDict(a=data, nested={"b": data.float()}, batch_size=[100]) if tensordict_items else data
+        )
+        return rb
+
+    rb = build()
+    rb.sample()
+    rb.dumps(tmp_path / "ckpt")
+    assert not list((tmp_path / "ckpt").rglob("*.pkl"))
+    restored = build()
+    restored.loads(tmp_path / "ckpt")
+    for _ in range(6):
+        (want, want_info), (got, got_info) = rb.sample(return_info=True), restored.sample(return_info=True)
+        assert (want == got).all() and torch.equal(want_info["index"], got_info["index"])
+    with pytest.raises(RuntimeError, match="prefetch queue with capacity 3.*prefetch=3"):  # TorchRL's type
+        build(prefetch=2).loads(tmp_path / "ckpt")

@@ -8,6 +8,7 @@ import threading
 
 import pytest
 import torch
+from helpers.factories import make_buffer
 from tensordict import TensorDict
 
 from torchrl.data import (
@@ -19,13 +20,18 @@ from torchrl.data import (
     TensorDictReplayBuffer,
     TensorDictRoundRobinWriter,
 )
-from torchrl.data.replay_buffers.errors import TORCHRL_PHRASES
-from torchrl.data.replay_buffers.replay_buffers.conditional_update import ConditionalUpdateResult
+from torchrl.data.replay_buffers.replay_buffers.conditional_update import (
+    CONDITIONAL_DOTTED_KEY,
+    CONDITIONAL_VERSION_IN_PATCH,
+    ConditionalUpdateResult,
+)
 
 
 def _buffer(capacity: int = 6, storage=None, **kwargs) -> TensorDictReplayBuffer:
     storage = LazyTensorStorage(capacity, **kwargs) if storage is None else storage
-    return TensorDictReplayBuffer(storage=storage, writer=TensorDictRoundRobinWriter(track_generations=True))
+    return make_buffer(
+        cls=TensorDictReplayBuffer, storage=storage, writer=TensorDictRoundRobinWriter(track_generations=True)
+    )
 
 
 def _rows(n: int, start: int = 0) -> TensorDict:
@@ -143,13 +149,13 @@ REFUSALS = [
     ({"version_key": "v", "version": torch.tensor(1.5)}, ValueError, "cannot hold"),
     ({"generation": torch.zeros(3, dtype=torch.long)}, ValueError, "3 values for 4 records"),
     ({"patch": {"v": torch.ones(4, dtype=torch.long)}, "version_key": "v", "version": 1}, ValueError,
-     re.escape(TORCHRL_PHRASES["conditional_version_in_patch"].phrase)),
+     re.escape(CONDITIONAL_VERSION_IN_PATCH.phrase)),
     ({"patch": {("v",): torch.ones(4, dtype=torch.long)}, "version_key": "v", "version": 1}, ValueError,
      "may not appear in patch"),
     ({"patch": {("nested", "version"): torch.ones(4, dtype=torch.long)}, "version_key": ("nested", "version"),
       "version": 1}, ValueError, "may not appear in patch"),
     ({"version_key": "nested.version", "version": 1}, ValueError,
-     re.escape(TORCHRL_PHRASES["conditional_dotted_key"].phrase)),
+     re.escape(CONDITIONAL_DOTTED_KEY.phrase)),
     ({"patch": [1, 2]}, TypeError, "`patch` must be a dict"),
 ]  # fmt: skip
 

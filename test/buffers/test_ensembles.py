@@ -7,6 +7,7 @@ import pickle
 import pytest
 import torch
 from helpers.assertions import CHI2_999, chi2
+from helpers.factories import make_buffer
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 from torchrl.data.replay_buffers.replay_buffers import ReplayBuffer, TensorDictReplayBuffer
@@ -26,16 +27,13 @@ def _filled_storage(n: int, value: float, cls=LazyTensorStorage, capacity: int =
 
 
 def _td_buffer(n: int, origin: int, *, sampler=None, capacity: int = 100, **kwargs) -> TensorDictReplayBuffer:
-    sampler = sampler or RandomSampler()
-    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), sampler=sampler, **kwargs)
-    rb.extend(
-        TensorDict(
-            obs=torch.arange(n, dtype=torch.float32).unsqueeze(-1) + 1000 * origin,
-            origin=torch.full((n,), origin),
-            batch_size=[n],
-        )
+    data = TensorDict(
+        obs=torch.arange(n, dtype=torch.float32).unsqueeze(-1) + 1000 * origin,
+        origin=torch.full((n,), origin),
+        batch_size=[n],
     )
-    return rb
+    sampler = sampler or RandomSampler()
+    return make_buffer(cls=TensorDictReplayBuffer, capacity=capacity, sampler=sampler, data=data, **kwargs)
 
 
 class _InfoSampler(RandomSampler):

@@ -12,6 +12,7 @@ import os
 
 import pytest
 import torch
+from helpers.factories import make_buffer
 from tensordict import TensorDict
 
 from torchrl.data import (
@@ -24,7 +25,7 @@ from torchrl.data import (
     SliceSampler,
     TensorDictReplayBuffer,
 )
-from torchrl.data.replay_buffers.errors import TORCHRL_PHRASES
+from torchrl.data.replay_buffers.her import HER_1D_STORAGE, HER_MISSING_KEYS, HER_RATIO_RANGE
 
 GOAL, REWARD = -1.0, -5.0
 
@@ -62,8 +63,8 @@ def episodes(lengths, *, first_step=0, first_episode=0, close_last=True) -> Tens
 
 
 def make_rb(capacity=100, batch_size=32, seed=0, **kwargs):
-    kwargs.setdefault("storage", LazyTensorStorage(capacity))
-    return HERReplayBuffer(reward_fn, batch_size=batch_size, generator=torch.Generator().manual_seed(seed), **kwargs)
+    return make_buffer(cls=HERReplayBuffer, reward_fn=reward_fn, capacity=capacity, batch_size=batch_size, seed=seed,
+                       **kwargs)  # fmt: skip
 
 
 def stored_steps(rb) -> dict[int, tuple[int, int]]:
@@ -378,14 +379,13 @@ def test_workers_relabel_reproducibly_for_a_seed():
 
 
 # -- errors (TorchRL's phrases) ----------------------------------------------------------------------------------
-def _raises(key):
-    entry = TORCHRL_PHRASES[key]
+def _raises(entry):
     return pytest.raises(entry.type, match=entry.phrase)
 
 
 @pytest.mark.parametrize("her_ratio", [-0.1, 1.5, True, "0.5", float("nan")])
 def test_her_ratio_outside_zero_one(her_ratio):
-    with _raises("her_ratio_range"):
+    with _raises(HER_RATIO_RANGE):
         HERReplayBuffer(reward_fn, her_ratio=her_ratio)
 
 
@@ -394,7 +394,7 @@ def test_missing_goal_keys_named_at_the_first_sample():
     del data["desired_goal"]
     rb = make_rb()
     rb.extend(data)
-    with _raises("her_missing_keys") as info:
+    with _raises(HER_MISSING_KEYS) as info:
         rb.sample()
     assert "storage: goal_key='desired_goal'." in str(info.value)
 
@@ -403,7 +403,7 @@ def test_storage_with_two_dims_is_refused_when_sampling():
     rb = HERReplayBuffer(reward_fn, storage=LazyTensorStorage(20, ndim=2), batch_size=4)
     rb.extend(episodes([5, 5]).reshape(2, 5))  # built and written as a plain TensorDictReplayBuffer
     assert len(rb) == 10
-    with _raises("her_1d_storage"):
+    with _raises(HER_1D_STORAGE):
         rb.sample()
 
 

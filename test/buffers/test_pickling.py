@@ -56,7 +56,7 @@ def test_every_buffer_pickles_and_samples(storage, buffer_cls, options, round_tr
     elif options == "generator":
         kwargs = {"generator": torch.Generator().manual_seed(0)}
     writer = "tensordict_round_robin" if buffer_cls is TensorDictReplayBuffer else "round_robin"
-    rb = make_buffer(storage, "random", "tensordict", writer, **kwargs)
+    rb = make_buffer(storage=storage, sampler="random", kind="tensordict", writer=writer, batch_size=4, **kwargs)
     rb.extend(make_batch("tensordict", 0, 8))
     rb.sample()  # with prefetch, this fills the queue of pending futures
     copy = round_trip(rb)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.assertions import CHI2_999, chi2
-from helpers.factories import make_storage
+from helpers.factories import make_buffer, make_storage
 from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
@@ -43,13 +43,14 @@ def _make_buffer(kind: str, storage=None, *, alpha: float = 0.7, beta: float = 0
     """A prioritized buffer of ``kind`` (see :data:`BUFFERS`) over ``storage`` (default: 20 lazy slots)."""
     storage = LazyTensorStorage(20) if storage is None else storage
     if kind == "prioritized":
-        return PrioritizedReplayBuffer(alpha=alpha, beta=beta, eps=eps, storage=storage, **kwargs)
+        return make_buffer(cls=PrioritizedReplayBuffer, alpha=alpha, beta=beta, eps=eps, storage=storage, **kwargs)
     if kind == "td_prioritized":
-        return TensorDictPrioritizedReplayBuffer(alpha=alpha, beta=beta, eps=eps, reduction=reduction,
-                                                 priority_key=priority_key, storage=storage, **kwargs)
+        return make_buffer(cls=TensorDictPrioritizedReplayBuffer, alpha=alpha, beta=beta, eps=eps, reduction=reduction,
+                           priority_key=priority_key, storage=storage, **kwargs)
     if kind == "td_with_sampler":
         sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps=eps, reduction=reduction)
-        return TensorDictReplayBuffer(storage=storage, sampler=sampler, priority_key=priority_key, **kwargs)
+        return make_buffer(cls=TensorDictReplayBuffer, storage=storage, sampler=sampler, priority_key=priority_key,
+                           **kwargs)
     raise ValueError(f"unknown buffer kind {kind!r}")
 
 

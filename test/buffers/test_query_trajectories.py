@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+from helpers.factories import Doubler, make_buffer
 from tensordict import TensorDict, lazy_stack
 
 from torchrl.data import (
@@ -25,13 +26,18 @@ from torchrl.data import (
     iter_trajectories,
     traj,
 )
-from torchrl.data.replay_buffers.errors import TORCHRL_PHRASES
-from torchrl.data.replay_buffers.query import query_replay_buffer
-from torchrl.envs.transforms import Transform
+from torchrl.data.replay_buffers.query import (
+    QUERY_BATCH_DIMS,
+    QUERY_LIST_STORAGE_BATCHED,
+    QUERY_LIST_STORAGE_TYPE,
+    QUERY_NOT_TENSORDICT,
+    QUERY_UNREDUCED,
+    query_replay_buffer,
+)
+from torchrl.data.replay_buffers.trajectories.split import QUERY_END_FLAGS, QUERY_NO_SIGNAL
 
 
-def _raises(key):
-    entry = TORCHRL_PHRASES[key]
+def _raises(entry):
     if issubclass(entry.type, Warning):
         return pytest.warns(entry.type, match=entry.phrase)
     return pytest.raises(entry.type, match=entry.phrase)
@@ -170,23 +176,10 @@ def test_ndim2_matches_brute_force_per_column(seed):
 
 
 # -- transforms --------------------------------------------------------------------------------------------------
-class Double(Transform):
-    """Doubles its entries and counts its calls."""
-
-    def __init__(self, in_keys):
-        super().__init__(in_keys=in_keys)
-        self.calls = 0
-
-    def forward(self, td):
-        self.calls += 1
-        return super().forward(td)
-
-    def _apply_transform(self, value):
-        return value * 2
 
 
 def _buffer_with(*transforms):
-    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(50))
+    rb = make_buffer(cls=TensorDictReplayBuffer, capacity=50)
     for t in transforms:
         rb.append_transform(t)
     rb.extend(_steps([3, 4, 5], torch.Generator().manual_seed(0)))
@@ -195,7 +188,7 @@ def _buffer_with(*transforms):
 
 def test_predicates_see_transformed_values_and_matches_carry_every_entry_transformed():
     plain = _buffer_with()
-    doubled = _buffer_with(Double([("next", "reward")]))
+    doubled = _buffer_with(Doubler([("next", "reward")]))
     totals = sorted(float(t.total_reward) for t in query_replay_buffer(plain))
     threshold = totals[1]
     got = query_replay_buffer(doubled, traj.total_reward > 2 * threshold)
@@ -206,7 +199,7 @@ def test_predicates_see_transformed_values_and_matches_carry_every_entry_transfo
 
 
 def test_a_traj_predicate_runs_only_the_transforms_that_write_what_it_reads():
-    reward_t, obs_t = Double([("next", "reward")]), Double(["obs"])
+    reward_t, obs_t = Doubler([("next", "reward")]), Doubler(["obs"])
     rb = _buffer_with(reward_t, obs_t)
     got = query_replay_buffer(rb, traj.length == 4)
     assert reward_t.calls == 1 and obs_t.calls == 1, "predicate: neither; the match: the whole chain once"
@@ -224,7 +217,7 @@ def test_an_opaque_predicate_or_a_transform_without_out_keys_runs_the_chain_once
         seen.append(td.batch_size)
         return td
 
-    reward_t = Double([("next", "reward")])
+    reward_t = Doubler([("next", "reward")])
     rb = _buffer_with(spy, reward_t)
     got = query_replay_buffer(rb, lambda t: t.length >= 4)
     assert len(seen) == 1 and reward_t.calls == 1 and seen[0] == torch.Size([12])
@@ -260,12 +253,12 @@ def test_empty_list_storage_and_delayed_init_buffers():
 def test_list_storage_of_non_tensordicts_or_batched_items():
     rb = ReplayBuffer(storage=ListStorage(10))
     rb.extend([1, 2, 3])
-    with _raises("query_list_storage_type"):
+    with _raises(QUERY_LIST_STORAGE_TYPE):
         query_replay_buffer(rb)
     rb = ReplayBuffer(storage=ListStorage(10))
     with pytest.warns(UserWarning, match="add"):  # a whole rollout stored as one item
         rb.add(_steps([3], torch.Generator()))
-    with _raises("query_list_storage_batched"):
+    with _raises(QUERY_LIST_STORAGE_BATCHED):
         query_replay_buffer(rb)
 
 
@@ -296,12 +289,12 @@ def test_iter_trajectories_signals_in_order():
     flags["next", "done"] = torch.tensor([0, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0], dtype=torch.bool)[:6]
     flags["next", "truncated"] = torch.tensor([0, 1, 0, 0, 0, 0], dtype=torch.bool)
     flags["done"] = torch.ones(6, dtype=torch.bool)  # root flags are only a fallback
-    with _raises("query_end_flags"):
+    with _raises(QUERY_END_FLAGS):
         lengths = [t.shape[0] for t in iter_trajectories(flags)]
     assert lengths == [2, 3, 1]
     root = base.clone()
     root["terminated"] = torch.tensor([0, 0, 1, 0, 0, 0], dtype=torch.bool).unsqueeze(-1)
-    with _raises("query_end_flags"):
+    with _raises(QUERY_END_FLAGS):
         assert [t.shape[0] for t in iter_trajectories(root)] == [3, 3]
 
 
@@ -318,18 +311,18 @@ def test_missing_trailing_done_closes_the_last_trajectory_and_views_share_memory
 
 
 def test_iter_and_filter_errors():
-    with _raises("query_not_tensordict"):
+    with _raises(QUERY_NOT_TENSORDICT):
         list(iter_trajectories({"obs": torch.zeros(3)}))
-    with _raises("query_not_tensordict"):
+    with _raises(QUERY_NOT_TENSORDICT):
         filter_trajectories(torch.zeros(3))
-    with _raises("query_batch_dims"):
+    with _raises(QUERY_BATCH_DIMS):
         list(iter_trajectories(TensorDict(obs=torch.zeros(2, 3), batch_size=[2, 3])))
-    with _raises("query_no_signal"):
+    with _raises(QUERY_NO_SIGNAL):
         list(iter_trajectories(TensorDict(obs=torch.zeros(3), batch_size=[3])))
     data = TensorDict(episode=torch.tensor([0, 0, 1]), batch_size=[3])
-    with _raises("query_unreduced"):
+    with _raises(QUERY_UNREDUCED):
         filter_trajectories(data, traj.episode > 0)
-    with _raises("query_unreduced"):
+    with _raises(QUERY_UNREDUCED):
         filter_trajectories(data, traj.episode)
     with pytest.raises(TypeError, match="predicate"):
         filter_trajectories(data, 3)
@@ -407,11 +400,11 @@ def test_required_keys_descriptions_and_short_circuit():
         with pytest.raises(TypeError):
             hash(expression)
     assert len({traj.length > 0, opaque}) == 2, "predicates (no __eq__ of their own) hash by identity"
-    with _raises("query_unreduced"):
+    with _raises(QUERY_UNREDUCED):
         (traj.reward > 0)(Trajectory(_three()))
-    with _raises("query_unreduced"):
+    with _raises(QUERY_UNREDUCED):
         bool(traj.reward > 0)
-    with _raises("query_unreduced"):
+    with _raises(QUERY_UNREDUCED):
         (traj.length > 0) & (traj.reward > 0)
     with pytest.raises(TypeError, match="fn"):
         TrajectoryPredicate(3)
@@ -441,7 +434,7 @@ def test_trajectory_api():
     assert isinstance(stacked, Trajectory) and stacked.batch_size == torch.Size([2, -1])
     assert repr(t).startswith("Trajectory(length=3, keys=[") and "obs" in repr(t)
     assert "obs" in t.keys()
-    with _raises("query_batch_dims"):
+    with _raises(QUERY_BATCH_DIMS):
         Trajectory(TensorDict(obs=torch.zeros(2, 3), batch_size=[2, 3]))
     with pytest.raises(KeyError, match="reward"):
         _ = Trajectory(TensorDict(obs=torch.zeros(3), batch_size=[3])).total_reward

@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from helpers.factories import make_buffer
 
 from torchrl.data import (
     LazyMemmapStorage,
@@ -24,9 +25,8 @@ from torchrl.data.replay_buffers.training_state import load_training_state, save
 
 
 def _rb(spi: float = 1.0, **kwargs) -> RateLimitedReplayBuffer:
-    kwargs.setdefault("storage", LazyTensorStorage(64))
     kwargs.setdefault("batch_size", 2)
-    return RateLimitedReplayBuffer(samples_per_insert=spi, **kwargs)
+    return make_buffer(cls=RateLimitedReplayBuffer, capacity=64, samples_per_insert=spi, **kwargs)
 
 
 # -- construction ---------------------------------------------------------------------------------------------------

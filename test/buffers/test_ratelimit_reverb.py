@@ -9,6 +9,7 @@ import threading
 
 import pytest
 import torch
+from helpers.factories import make_buffer
 from tensordict import TensorDict
 
 from torchrl.data import (
@@ -87,7 +88,7 @@ def test_rate_limiter_of_a_wrong_type():
 
 # -- behaviour in one process -------------------------------------------------------------------------------------
 def _rb(limiter, **kwargs) -> ReplayBuffer:
-    return ReplayBuffer(storage=LazyTensorStorage(256), batch_size=2, rate_limiter=limiter, **kwargs)
+    return make_buffer(capacity=256, batch_size=2, rate_limiter=limiter, **kwargs)
 
 
 def test_min_size_gates_sampling_only():

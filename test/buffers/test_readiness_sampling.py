@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from helpers.factories import make_buffer
 from tensordict import TensorDict
 
 from torchrl.data import (
@@ -30,7 +31,7 @@ from torchrl.data.replay_buffers.training_state import load_training_state, save
 
 
 def _rb(**kwargs) -> ReplayBuffer:
-    return ReplayBuffer(storage=LazyTensorStorage(32), batch_size=4, **kwargs)
+    return make_buffer(capacity=32, batch_size=4, **kwargs)
 
 
 def _write_later(rb, data, delay: float = 0.05) -> threading.Timer:
@@ -226,8 +227,7 @@ def test_counters_are_cumulative_and_count_records():
 
 
 def _used_buffer(storage=None) -> ReplayBuffer:
-    rb = ReplayBuffer(storage=LazyTensorStorage(8) if storage is None else storage, batch_size=3)
-    rb.extend(torch.arange(5))
+    rb = make_buffer(storage=LazyTensorStorage(8) if storage is None else storage, batch_size=3, data=torch.arange(5))
     rb.sample()
     rb.sample(2)
     return rb

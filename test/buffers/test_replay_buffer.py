@@ -64,7 +64,7 @@ def _stored_ids(rb, kind) -> list[int]:
 @samplers
 @storages
 def test_extend_returns_positions_and_stores_items(storage, sampler, kind, writer):
-    rb = make_buffer(storage, sampler, kind, writer)
+    rb = make_buffer(storage=storage, sampler=sampler, kind=kind, writer=writer, batch_size=4)
     assert len(rb) == 0
     index = rb.extend(make_batch(kind, 0, 6))
     assert index.tolist() == list(range(6))
@@ -79,7 +79,7 @@ def test_extend_returns_positions_and_stores_items(storage, sampler, kind, write
 @samplers
 @storages
 def test_add_writes_one_item_at_the_cursor(storage, sampler, kind, writer):
-    rb = make_buffer(storage, sampler, kind, writer)
+    rb = make_buffer(storage=storage, sampler=sampler, kind=kind, writer=writer, batch_size=4)
     for i in range(3):
         index = rb.add(make_item(kind, i))
         assert int(index) == i
@@ -92,7 +92,7 @@ def test_add_writes_one_item_at_the_cursor(storage, sampler, kind, writer):
 @samplers
 @storages
 def test_sample_returns_stored_items_matching_info_index(storage, sampler, kind, writer):
-    rb = make_buffer(storage, sampler, kind, writer, generator=torch.Generator().manual_seed(0))
+    rb = make_buffer(storage=storage, sampler=sampler, kind=kind, writer=writer, batch_size=4, seed=0)
     rb.extend(make_batch(kind, 0, 7))
     for _ in range(3):
         batch, info = rb.sample(return_info=True)
@@ -109,7 +109,7 @@ def test_sample_returns_stored_items_matching_info_index(storage, sampler, kind,
 @grid
 @storages
 def test_indexing_by_int_tensor_list_and_slice(storage, kind, writer):
-    rb = make_buffer(storage, "random", kind, writer)
+    rb = make_buffer(storage=storage, sampler="random", kind=kind, writer=writer, batch_size=4)
     rb.extend(make_batch(kind, 0, 8))
     assert ids_of(kind, rb[3]).item() == 3
     assert ids_of(kind, rb[-1]).item() == 7
@@ -122,7 +122,7 @@ def test_indexing_by_int_tensor_list_and_slice(storage, kind, writer):
 @grid
 @storages
 def test_setitem_overwrites_in_place_without_changing_length(storage, kind, writer):
-    rb = make_buffer(storage, "random", kind, writer)
+    rb = make_buffer(storage=storage, sampler="random", kind=kind, writer=writer, batch_size=4)
     rb.extend(make_batch(kind, 0, 5))
     new = make_batch(kind, 40, 2)
     if writer == "tensordict_round_robin":
@@ -136,7 +136,7 @@ def test_setitem_overwrites_in_place_without_changing_length(storage, kind, writ
 @samplers
 @storages
 def test_empty_resets_length_cursor_and_sampler(storage, sampler, kind, writer):
-    rb = make_buffer(storage, sampler, kind, writer)
+    rb = make_buffer(storage=storage, sampler=sampler, kind=kind, writer=writer, batch_size=4)
     rb.extend(make_batch(kind, 0, 6))
     rb.sample()
     rb.empty()
@@ -153,7 +153,7 @@ def test_empty_resets_length_cursor_and_sampler(storage, sampler, kind, writer):
 @samplers
 @storages
 def test_state_dict_round_trip_restores_content_and_next_samples(storage, sampler, kind, writer):
-    rb = make_buffer(storage, sampler, kind, writer, generator=torch.Generator().manual_seed(1))
+    rb = make_buffer(storage=storage, sampler=sampler, kind=kind, writer=writer, batch_size=4, seed=1)
     rb.extend(make_batch(kind, 0, 7))
     rb.sample()  # move the sampler (epoch position) and the generator away from their start
     if kind in ("dict", "tuple") and storage != "list":  # TorchRL's rule: a pytree tensor storage has no state dict
@@ -161,7 +161,7 @@ def test_state_dict_round_trip_restores_content_and_next_samples(storage, sample
             rb.state_dict()
         return
     state = rb.state_dict()
-    fresh = make_buffer(storage, sampler, kind, writer, generator=torch.Generator().manual_seed(99))
+    fresh = make_buffer(storage=storage, sampler=sampler, kind=kind, writer=writer, batch_size=4, seed=99)
     fresh.load_state_dict(state)
     assert len(fresh) == len(rb) == 7
     assert _stored_ids(fresh, kind) == _stored_ids(rb, kind)
@@ -177,7 +177,7 @@ def test_state_dict_round_trip_restores_content_and_next_samples(storage, sample
 @grid
 @storages
 def test_pickle_round_trip_copies_content(storage, kind, writer, dump):
-    rb = make_buffer(storage, "without_replacement", kind, writer, generator=torch.Generator().manual_seed(2))
+    rb = make_buffer(storage=storage, sampler="without_replacement", kind=kind, writer=writer, batch_size=4, seed=2)
     rb.extend(make_batch(kind, 0, 6))
     if dump == "pickle":
         copy = pickle.loads(pickle.dumps(rb))
@@ -213,7 +213,7 @@ def _expected_ring(total: int, capacity: int) -> list[int]:
 @pytest.mark.parametrize("chunk", [1, 4])
 def test_ring_buffer_keeps_the_last_items(storage, kind, writer, chunk):
     capacity, total = 10, 25
-    rb = make_buffer(storage, "random", kind, writer, capacity=capacity)
+    rb = make_buffer(storage=storage, sampler="random", kind=kind, writer=writer, batch_size=4, capacity=capacity)
     for start in range(0, total, chunk):
         n = min(chunk, total - start)
         if n == 1 and chunk == 1:
@@ -232,7 +232,7 @@ def test_ring_buffer_keeps_the_last_items(storage, kind, writer, chunk):
 @pytest.mark.parametrize("filled", [0, 4])
 def test_extend_larger_than_capacity_keeps_the_last_items(storage, kind, writer, filled):
     capacity = 10
-    rb = make_buffer(storage, "random", kind, writer, capacity=capacity)
+    rb = make_buffer(storage=storage, sampler="random", kind=kind, writer=writer, batch_size=4, capacity=capacity)
     if filled:
         rb.extend(make_batch(kind, 0, filled))
     index = rb.extend(make_batch(kind, filled, 23))
@@ -330,7 +330,7 @@ def test_equal_seeds_sample_equally_and_global_rngs_untouched(storage, sampler, 
     np_state = np.random.get_state()
     torch_state = torch.random.get_rng_state()
     for _ in range(2):
-        rb = make_buffer(storage, sampler, kind, writer, generator=torch.Generator().manual_seed(7))
+        rb = make_buffer(storage=storage, sampler=sampler, kind=kind, writer=writer, batch_size=4, seed=7)
         rb.extend(make_batch(kind, 0, 9))
         draws.append([ids_of(kind, rb.sample()).tolist() for _ in range(5)])
     assert draws[0] == draws[1]
@@ -375,7 +375,7 @@ def test_iter_is_endless_with_random_sampler():
 @pytest.mark.parametrize("storage", ["list", "lazy"])
 def test_prefetch_returns_stored_items(storage):
     rb = make_buffer(
-        storage, "random", "tensordict", capacity=20, prefetch=2, generator=torch.Generator().manual_seed(0)
+        storage=storage, sampler="random", kind="tensordict", batch_size=4, capacity=20, prefetch=2, seed=0
     )
     rb.extend(make_batch("tensordict", 0, 10))
     for _ in range(5):
@@ -399,7 +399,7 @@ def test_default_components_follow_torchrl():
 
 @storages
 def test_sampling_an_empty_buffer_says_to_add_data(storage):
-    rb = make_buffer(storage, "random", "tensordict")
+    rb = make_buffer(storage=storage, sampler="random", kind="tensordict", batch_size=4)
     with pytest.raises(RuntimeError, match=r"empty.*rb\.add / rb\.extend"):
         rb.sample()
     assert len(rb) == 0
@@ -408,7 +408,7 @@ def test_sampling_an_empty_buffer_says_to_add_data(storage):
 @pytest.mark.parametrize("batch_size", [0, -3, 2.0, "4", True])
 @samplers
 def test_bad_batch_size_is_refused(sampler, batch_size):
-    rb = make_buffer("lazy", sampler, "tensor")
+    rb = make_buffer(storage="lazy", sampler=sampler, kind="tensor", batch_size=4)
     rb.extend(make_batch("tensor", 0, 5))
     before = snapshot(rb, "tensor")
     with pytest.raises(ValueError, match=r"`batch_size` must be a positive int, got " + repr(batch_size)[:2]):
@@ -435,7 +435,7 @@ def test_prefetch_without_batch_size_is_refused():
 @pytest.mark.parametrize(
     "bad",
     [
-        # a subset of the keys or a new key is a partial write (issue 12, test_compat_storages.py); a wrong shape
+        # a subset of the keys or a new key is a partial write (issue 12, test_storage_writes_torchrl_compat.py); a wrong shape
         # in a subset (with or without a new key) is still refused before any write
         TensorDict(obs=torch.ones(2, 5), batch_size=[2]),
         TensorDict({("next", "obs"): torch.ones(2, 5), "extra": torch.ones(2)}, batch_size=[2]),
@@ -449,7 +449,7 @@ def test_prefetch_without_batch_size_is_refused():
 )
 @pytest.mark.parametrize("storage", ["tensor", "lazy", "memmap"])
 def test_write_of_wrong_structure_is_refused_and_changes_nothing(storage, bad):
-    rb = make_buffer(storage, "random", "tensordict")
+    rb = make_buffer(storage=storage, sampler="random", kind="tensordict", batch_size=4)
     rb.extend(make_batch("tensordict", 0, 4))
     before = snapshot(rb, "tensordict")
     with pytest.raises(ValueError, match=r"(keys of the first write|Nothing was written)"):
@@ -471,7 +471,7 @@ def test_write_of_wrong_structure_is_refused_and_changes_nothing(storage, bad):
     ids=["tensor_shape", "dict_missing", "dict_shape", "tuple_missing"],
 )
 def test_write_of_wrong_structure_for_other_kinds_changes_nothing(kind, bad):
-    rb = make_buffer("lazy", "random", kind)
+    rb = make_buffer(storage="lazy", sampler="random", kind=kind, batch_size=4)
     rb.extend(make_batch(kind, 0, 4))
     before = snapshot(rb, kind)
     with pytest.raises(ValueError, match=r"(same keys|Nothing was written)"):
@@ -480,7 +480,7 @@ def test_write_of_wrong_structure_for_other_kinds_changes_nothing(kind, bad):
 
 
 def test_write_of_another_kind_is_a_type_error():
-    rb = make_buffer("lazy", "random", "tensordict")
+    rb = make_buffer(storage="lazy", sampler="random", kind="tensordict", batch_size=4)
     rb.extend(make_batch("tensordict", 0, 3))
     before = snapshot(rb, "tensordict")
     with pytest.raises(TypeError, match="holds TensorDicts; got Tensor"):
@@ -491,7 +491,7 @@ def test_write_of_another_kind_is_a_type_error():
 @storages
 @pytest.mark.parametrize("index", [5, -6, [0, 7], torch.tensor([9])])
 def test_reading_out_of_range_names_the_valid_positions(storage, index):
-    rb = make_buffer(storage, "random", "tensor")
+    rb = make_buffer(storage=storage, sampler="random", kind="tensor", batch_size=4)
     rb.extend(make_batch("tensor", 0, 5))
     with pytest.raises(IndexError, match=r"out of range.*0\.\.4"):
         rb[index]
@@ -499,7 +499,7 @@ def test_reading_out_of_range_names_the_valid_positions(storage, index):
 
 @storages
 def test_writing_beyond_capacity_is_refused_and_changes_nothing(storage):
-    rb = make_buffer(storage, "random", "tensor", capacity=10)
+    rb = make_buffer(storage=storage, sampler="random", kind="tensor", batch_size=4, capacity=10)
     rb.extend(make_batch("tensor", 0, 5))
     before = snapshot(rb, "tensor")
     with pytest.raises(IndexError, match="11"):
@@ -509,7 +509,7 @@ def test_writing_beyond_capacity_is_refused_and_changes_nothing(storage):
 
 @pytest.mark.parametrize("storage", ["tensor", "lazy", "memmap"])
 def test_setitem_past_the_filled_part_is_refused(storage):
-    rb = make_buffer(storage, "random", "tensor", capacity=10)
+    rb = make_buffer(storage=storage, sampler="random", kind="tensor", batch_size=4, capacity=10)
     rb.extend(make_batch("tensor", 0, 5))
     before = snapshot(rb, "tensor")
     with pytest.raises(IndexError, match="out of range"):
@@ -518,7 +518,7 @@ def test_setitem_past_the_filled_part_is_refused(storage):
 
 
 def test_list_storage_setitem_past_the_end_is_refused():
-    rb = make_buffer("list", "random", "tensor", capacity=10)
+    rb = make_buffer(storage="list", sampler="random", kind="tensor", batch_size=4, capacity=10)
     rb.extend(make_batch("tensor", 0, 5))
     before = snapshot(rb, "tensor")
     with pytest.raises(IndexError, match="next free one"):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.utils._pytree as pytree
-from helpers.factories import rewrite_checkpoint_metadata
+from helpers.factories import make_buffer, rewrite_checkpoint_metadata
 from tensordict import TensorDict
 
 from torchrl._validation import (
@@ -40,7 +40,7 @@ from torchrl.data import (
 from torchrl.data.replay_buffers.checkpointers import CheckpointError
 from torchrl.data.replay_buffers.samplers.prioritized import check_priorities
 from torchrl.data.replay_buffers.samplers.prioritized_slice import PrioritizedSliceSampler
-from torchrl.data.replay_buffers.storages import tensor as tensor_storage_module
+from torchrl.data.replay_buffers.storages import _write_check as write_check_module
 
 CAPACITY = 20
 BAD_PRIORITIES = {"nan": float("nan"), "inf": float("inf"), "negative": -3.0}
@@ -100,9 +100,10 @@ def _assert_unchanged(rb, before: dict) -> None:
 # -- item 4: priorities read from the data are checked before the write ----------------------------------------------
 def _prioritized_td_buffer(kind: str, storage, key="td_error"):
     if kind == "td_prioritized":
-        return TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=storage, priority_key=key, batch_size=4)
+        return make_buffer(cls=TensorDictPrioritizedReplayBuffer, alpha=0.7, beta=0.5, storage=storage, priority_key=key,
+                           batch_size=4)  # fmt: skip
     sampler = PrioritizedSampler(storage.max_size, alpha=0.7, beta=0.5)
-    return TensorDictReplayBuffer(storage=storage, sampler=sampler, priority_key=key, batch_size=4)
+    return make_buffer(cls=TensorDictReplayBuffer, storage=storage, sampler=sampler, priority_key=key, batch_size=4)
 
 
 def _items(start: int, n: int, key="td_error", priority=None) -> TensorDict:
@@ -316,10 +317,8 @@ ACCEPTED = {
 
 def _typed_buffer(dtype: torch.dtype, storage: str, tmp_path, *, td: bool = True) -> ReplayBuffer:
     made = LazyTensorStorage(10) if storage == "lazy" else LazyMemmapStorage(10, scratch_dir=tmp_path)
-    rb = ReplayBuffer(storage=made)
     first = torch.zeros(2, dtype=dtype)
-    rb.extend(TensorDict(x=first, n=torch.arange(2), batch_size=[2]) if td else first)
-    return rb
+    return make_buffer(storage=made, data=TensorDict(x=first, n=torch.arange(2), batch_size=[2]) if td else first)
 
 
 @pytest.mark.parametrize("storage", ["lazy", "memmap"])
@@ -370,7 +369,7 @@ def test_casts_that_keep_every_value_are_accepted(tmp_path, case):
 
 def test_the_cast_check_is_skipped_when_dtypes_match(monkeypatch):
     calls = []
-    monkeypatch.setattr(tensor_storage_module, "check_cast", lambda *args: calls.append(args))
+    monkeypatch.setattr(write_check_module, "check_cast", lambda *args: calls.append(args))
     rb = ReplayBuffer(storage=LazyTensorStorage(10))
     data = TensorDict(x=torch.zeros(2, dtype=torch.uint8), y=torch.zeros(2, 3), batch_size=[2])
     rb.extend(data)
@@ -422,8 +421,7 @@ CRAFTED = {
 
 @pytest.fixture
 def saved_buffer(tmp_path):
-    rb = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
-    rb.extend(torch.arange(6))
+    rb = make_buffer(capacity=10, batch_size=4, data=torch.arange(6))
     rb.dumps(tmp_path / "ckpt")
     return tmp_path / "ckpt"
 

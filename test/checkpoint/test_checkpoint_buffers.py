@@ -54,7 +54,7 @@ def _pytree_batches_only(request):
 
 def _buffer(storage: str, sampler: str, kind: str, writer: str, seed: int):
     """An empty buffer of 10 items (see ``helpers.factories.make_buffer``) with a generator seeded with ``seed``."""
-    return make_buffer(storage, sampler, kind, writer, generator=torch.Generator().manual_seed(seed))
+    return make_buffer(storage=storage, sampler=sampler, kind=kind, writer=writer, batch_size=4, seed=seed)
 
 
 def _next_ids(rb, kind: str, n: int = 3) -> list[list[int]]:

@@ -1,5 +1,7 @@
-"""Components own their persistence: the checkpoint-part protocol, its contract run over every component class,
-TorchRL's storage checkpointer names, the generator-state codec and the shared atomic-write helper."""
+"""Components own their persistence: the checkpoint-part protocol, its contract run over buffers of every
+combination of components, ensembles and transforms (the contract of every storage, sampler and writer class alone:
+test_component_contracts.py), TorchRL's storage checkpointer names, the generator-state codec and the shared
+atomic-write helper."""
 
 from __future__ import annotations
 
@@ -27,7 +29,6 @@ from torchrl.data import (
     ReplayBuffer,
     ReplayBufferEnsemble,
     RoundRobinWriter,
-    SamplerEnsemble,
     SamplerWithoutReplacement,
     SliceSampler,
     SliceSamplerWithoutReplacement,
@@ -36,8 +37,6 @@ from torchrl.data import (
     TensorDictPrioritizedReplayBuffer,
     TensorDictReplayBuffer,
     TensorDictRoundRobinWriter,
-    TensorStorage,
-    WriterEnsemble,
 )
 from torchrl.data.replay_buffers import checkpointers
 from torchrl.data.replay_buffers._checkpoint.generator_state import generator_from_state, generator_to_state
@@ -64,19 +63,7 @@ def transitions(n: int = N, start: int = 0) -> TensorDict:
     )
 
 
-# -- the contract, run over every component class --------------------------------------------------------------------
-def _filled_storage(storage):
-    if isinstance(storage, ListStorage):
-        storage.set(list(range(5)), [torch.full((2,), float(i)) for i in range(5)])
-    else:
-        storage.set(torch.arange(storage.shape[0] if storage.ndim == 1 else 3), _storage_data(storage))
-    return storage
-
-
-def _storage_data(storage):
-    if storage.ndim == 2:
-        return TensorDict(obs=torch.arange(12.0).reshape(3, 4), batch_size=[3, 4])
-    return transitions(storage.max_size)
+# -- the contract, run over ensembles, transforms and buffers --------------------------------------------------------
 
 
 class Scale(Transform):
@@ -90,26 +77,6 @@ class Scale(Transform):
         return value * self.scale
 
 
-STORAGES = {
-    "list": lambda: ListStorage(8),
-    "tensor": lambda: TensorStorage(transitions(6)),
-    "lazy": lambda: LazyTensorStorage(16),
-    "memmap": lambda: LazyMemmapStorage(16),
-    "lazy-ndim2": lambda: LazyTensorStorage(12, ndim=2),
-}
-
-
-@pytest.mark.parametrize("name", list(STORAGES))
-def test_every_storage_class_round_trips(tmp_path, name):
-    def fresh():
-        return STORAGES[name]() if name != "tensor" else TensorStorage(transitions(6).zero_())
-
-    storage = STORAGES[name]()
-    if name not in ("tensor",):
-        _filled_storage(storage)
-    assert_checkpoint_round_trip(storage, fresh, tmp_path)
-
-
 def test_storage_ensemble_round_trips(tmp_path):
     def build():
         return StorageEnsemble(LazyTensorStorage(8), LazyTensorStorage(8), transforms=[Compose(Scale()), None])
@@ -119,12 +86,6 @@ def test_storage_ensemble_round_trips(tmp_path):
         member.set(torch.arange(4), transitions(4, 10 * i))
     ensemble.transforms[0][0].scale.fill_(3.0)
     assert_checkpoint_round_trip(ensemble, build, tmp_path)
-
-
-def _storage_with_data():
-    storage = LazyTensorStorage(16)
-    storage.set(torch.arange(N), transitions())
-    return storage
 
 
 SAMPLERS = {
@@ -137,59 +98,12 @@ SAMPLERS = {
 }
 
 
-@pytest.mark.parametrize("name", list(SAMPLERS))
-def test_every_sampler_class_round_trips(tmp_path, name):
-    storage = _storage_with_data()
-    sampler = SAMPLERS[name]()
-    sampler.extend(torch.arange(N))
-    if hasattr(sampler, "update_priority") and "prioritized" in name:
-        sampler.update_priority(torch.arange(N), torch.arange(N).float() + 1)
-    sampler.sample(storage, 4)  # an epoch under way, a cache filled
-    assert_checkpoint_round_trip(sampler, SAMPLERS[name], tmp_path)
-
-
-def test_sampler_ensemble_round_trips(tmp_path):
-    def build():
-        return SamplerEnsemble(SamplerWithoutReplacement(), PrioritizedSampler(16, 0.7, 0.5))
-
-    ensemble = build()
-    ensemble[0].sample(_storage_with_data(), 4)
-    ensemble[1].extend(torch.arange(N))
-    ensemble[1].update_priority(torch.arange(N), torch.rand(N) + 0.1)
-    assert_checkpoint_round_trip(ensemble, build, tmp_path)
-
-
 WRITERS = {
     "round_robin": RoundRobinWriter,
     "tensordict_round_robin": TensorDictRoundRobinWriter,
     "max_value": lambda: TensorDictMaxValueWriter(rank_key="reward"),
     "immutable": ImmutableDatasetWriter,
 }
-
-
-@pytest.mark.parametrize("name", list(WRITERS))
-def test_every_writer_class_round_trips(tmp_path, name):
-    def fresh():
-        writer = WRITERS[name]()
-        writer.register_storage(LazyTensorStorage(8))
-        return writer
-
-    writer = fresh()
-    if name != "immutable":
-        writer.extend(transitions())
-    assert_checkpoint_round_trip(writer, fresh, tmp_path)
-
-
-def test_writer_ensemble_round_trips(tmp_path):
-    def build():
-        members = RoundRobinWriter(), RoundRobinWriter()
-        for member in members:
-            member.register_storage(LazyTensorStorage(8))
-        return WriterEnsemble(*members)
-
-    ensemble = build()
-    ensemble[1].extend(torch.arange(5))
-    assert_checkpoint_round_trip(ensemble, build, tmp_path)
 
 
 def test_a_transform_round_trips_through_its_state_dict(tmp_path):

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+from helpers.factories import make_buffer
 from tensordict import MemoryMappedTensor, TensorDict
 
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
@@ -58,7 +59,7 @@ def _buffer(kind: str, tmp_path, name: str) -> ReplayBuffer:
         storage = LazyTensorStorage(CAPACITY)
     else:
         storage = LazyMemmapStorage(CAPACITY, scratch_dir=str(tmp_path / name))
-    return ReplayBuffer(storage=storage, batch_size=8)
+    return make_buffer(storage=storage, batch_size=8)
 
 
 def _content(rb: ReplayBuffer) -> TensorDict:

@@ -20,6 +20,7 @@ import time
 
 import pytest
 import torch
+from helpers.factories import make_buffer
 from tensordict import TensorDict
 
 from torchrl.data import LazyMemmapStorage, ReplayBuffer
@@ -42,7 +43,7 @@ def _rows(start: int, n: int) -> TensorDict:
 
 
 def _buffer(directory) -> ReplayBuffer:
-    return ReplayBuffer(storage=LazyMemmapStorage(CAPACITY, scratch_dir=directory), batch_size=4)
+    return make_buffer(storage=LazyMemmapStorage(CAPACITY, scratch_dir=directory), batch_size=4)
 
 
 def _check_loaded(path, directory) -> int:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.assertions import assert_same_state, observable_state
-from helpers.factories import rewrite_checkpoint_metadata
+from helpers.factories import make_buffer, rewrite_checkpoint_metadata
 
 from torchrl.data import (
     LazyMemmapStorage,
@@ -33,13 +33,10 @@ ITEMS = 40
 
 
 def _buffer(scratch, fill: int) -> ReplayBuffer:
-    rb = ReplayBuffer(
-        storage=LazyMemmapStorage(ITEMS, scratch_dir=scratch),
-        sampler=SamplerWithoutReplacement(),
-        batch_size=4,
-        generator=torch.Generator().manual_seed(1),
+    storage = LazyMemmapStorage(ITEMS, scratch_dir=scratch)
+    rb = make_buffer(
+        storage=storage, sampler=SamplerWithoutReplacement(), batch_size=4, seed=1, data=torch.arange(100, 100 + fill)
     )
-    rb.extend(torch.arange(100, 100 + fill))
     rb.sample()  # the sampler and the generator have moved
     return rb
 

@@ -222,3 +222,16 @@ def chi2(counts, p) -> float:
 def chi2_crit(df: int, z: float = 3.29) -> float:
     """The chi-square quantile at p ~ 0.9995 (Wilson-Hilferty; scipy is not a dependency)."""
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def start_spawned(obj) -> None:
+    """Start a spawned process that receives ``obj``, so that a refusal to be sent to one raises here; a process
+    that did start (no refusal) is joined, never left behind."""
+    import multiprocessing
+
+    proc = multiprocessing.get_context("spawn").Process(target=len, args=(obj,), daemon=True)
+    try:
+        proc.start()
+    finally:
+        if proc.pid is not None:
+            proc.join(60)

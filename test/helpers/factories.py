@@ -25,11 +25,15 @@ from torchrl.data import (
     RandomSampler,
     ReplayBuffer,
     RoundRobinWriter,
+    Sampler,
     SamplerWithoutReplacement,
+    Storage,
     TensorDictReplayBuffer,
     TensorDictRoundRobinWriter,
     TensorStorage,
+    Writer,
 )
+from torchrl.envs.transforms import Transform
 
 KINDS = ("tensor", "tensordict", "tensorclass", "dict", "tuple")
 STORAGES = ("list", "tensor", "lazy", "memmap")
@@ -176,36 +180,61 @@ def make_sampler(name: str, capacity: int = 10, **kwargs):
     raise ValueError(f"unknown sampler {name!r}")
 
 
+WRITERS = {"round_robin": RoundRobinWriter, "tensordict_round_robin": TensorDictRoundRobinWriter}
+
+
 def make_buffer(
-    storage: str,
-    sampler: str,
-    kind: str,
-    writer: str = "round_robin",
     *,
+    storage: str | Storage | None = "lazy",
+    sampler: str | Sampler | None = None,
+    writer: str | Writer | None = None,
+    cls: type[ReplayBuffer] | None = None,
+    kind: str = "tensordict",
     capacity: int = 10,
-    batch_size: int | None = 4,
-    generator: torch.Generator | None = None,
+    batch_size: int | None = None,
+    seed: int | None = None,
+    data=None,
     **kwargs,
 ) -> ReplayBuffer:
-    """An empty buffer over a fresh storage/sampler/writer of the given names.
+    """The one buffer factory of the tests: a buffer of ``cls`` over the given components, every argument a keyword.
 
-    The TensorDict writer comes with a :class:`TensorDictReplayBuffer` (its default), the round-robin writer
-    with a plain :class:`ReplayBuffer`.
+    Args:
+        storage: a storage, or the name of one (see :data:`STORAGES`) built by :func:`make_storage` over
+            ``capacity`` items of ``kind``; ``None`` leaves the buffer's default. A preallocated ``"tensor"`` storage
+            starts empty (``rb.empty()``). Defaults to ``"lazy"`` (a ``LazyTensorStorage(capacity)``).
+        sampler: a sampler, or the name of one (see :func:`make_sampler`, over ``capacity`` items); ``None`` leaves
+            the buffer's default. Defaults to ``None``.
+        writer: a writer, or ``"round_robin"`` / ``"tensordict_round_robin"``; ``None`` leaves the buffer's default.
+            Defaults to ``None``.
+        cls: the buffer class. Defaults to :class:`TensorDictReplayBuffer` with the TensorDict writer's name,
+            :class:`ReplayBuffer` otherwise.
+        batch_size: the buffer's ``batch_size``. Defaults to ``None`` (the buffer's default).
+        seed: seeds a fresh ``torch.Generator`` given as ``generator=`` (``generator=`` itself is accepted too).
+            Defaults to ``None`` (torch's global generator).
+        data: written with ``rb.extend(data)`` before the buffer is returned. Defaults to ``None`` (empty).
+        **kwargs: the other keywords of ``cls`` (``prefetch``, ``transform``, ``shared``, ``rate_limiter``...).
+
+    Example: ``make_buffer(storage="memmap", sampler="prioritized", batch_size=4, seed=0, data=make_batch(...))``.
     """
-    if writer == "tensordict_round_robin":
-        cls, writer_obj = TensorDictReplayBuffer, TensorDictRoundRobinWriter()
-    else:
-        cls, writer_obj = ReplayBuffer, RoundRobinWriter()
-    rb = cls(
-        storage=make_storage(storage, capacity, kind, writer),
-        sampler=make_sampler(sampler, capacity),
-        writer=writer_obj,
-        batch_size=batch_size,
-        generator=generator,
-        **kwargs,
-    )
-    # A preallocated TensorStorage may count its backing as filled; the grid starts from an empty buffer.
-    rb.empty()
+    writer_name = writer if isinstance(writer, str) else "round_robin"
+    if cls is None:
+        cls = TensorDictReplayBuffer if writer == "tensordict_round_robin" else ReplayBuffer
+    components = {}
+    if storage is not None:
+        components["storage"] = make_storage(storage, capacity, kind, writer_name) if isinstance(storage, str) else storage
+    if sampler is not None:
+        components["sampler"] = make_sampler(sampler, capacity) if isinstance(sampler, str) else sampler
+    if writer is not None:
+        components["writer"] = WRITERS[writer]() if isinstance(writer, str) else writer
+    if batch_size is not None:
+        components["batch_size"] = batch_size
+    if seed is not None:
+        kwargs["generator"] = torch.Generator().manual_seed(seed)
+    rb = cls(**components, **kwargs)
+    if isinstance(storage, str) and storage == "tensor":
+        rb.empty()  # a preallocated TensorStorage may count its backing as filled: start from empty
+    if data is not None:
+        rb.extend(data)
     return rb
 
 
@@ -234,21 +263,12 @@ def data_storage(name: str, capacity: int = 256):
     return make_storage(name, capacity, template=make_data(capacity, with_index=True))
 
 
-def filled_buffer(
-    storage: str = "lazy", n: int = 64, batch_size: int = 8, **kwargs
-) -> TensorDictReplayBuffer:
-    """A :class:`TensorDictReplayBuffer` over a :func:`data_storage` of ``storage`` holding ``make_data(n)``."""
-    rb = TensorDictReplayBuffer(storage=data_storage(storage), batch_size=batch_size, **kwargs)
-    rb.extend(make_data(n))
-    return rb
-
-
-def seeded_buffer(sampler, capacity: int, batch_size: int = 8, seed: int = 0) -> TensorDictReplayBuffer:
-    """An empty :class:`TensorDictReplayBuffer` over a ``LazyTensorStorage(capacity)`` and ``sampler``, its
-    generator seeded with ``seed``."""
-    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), sampler=sampler, batch_size=batch_size)
-    rb.set_rng(torch.Generator().manual_seed(seed))
-    return rb
+def filled_buffer(storage: str = "lazy", n: int = 64, batch_size: int = 8, **kwargs) -> TensorDictReplayBuffer:
+    """The DataLoader tests' buffer: a :func:`make_buffer` over a :func:`data_storage` of ``storage`` holding
+    ``make_data(n)``."""
+    return make_buffer(
+        cls=TensorDictReplayBuffer, storage=data_storage(storage), batch_size=batch_size, data=make_data(n), **kwargs
+    )
 
 
 # -- rows written by several processes (shared/test_shared_writes.py) ------------------------------------------
@@ -334,3 +354,18 @@ def ring_write(storage, data: TensorDict, cursor: int, split_wrap: bool = True) 
     else:
         storage.set(index, data)
     return (cursor + n) % rows
+
+
+class Doubler(Transform):
+    """A transform that doubles its ``in_keys`` (``out_keys = in_keys``) and counts its forward calls."""
+
+    def __init__(self, in_keys):
+        super().__init__(in_keys=in_keys)
+        self.calls = 0
+
+    def forward(self, td):
+        self.calls += 1
+        return super().forward(td)
+
+    def _apply_transform(self, value):
+        return value * 2

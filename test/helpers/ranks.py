@@ -13,6 +13,7 @@ from tensordict import TensorDict
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
+from helpers.factories import make_buffer
 from torchrl.data import LazyMemmapStorage, ReplayBuffer, tensordict_collate
 
 ITEMS = 48
@@ -24,13 +25,12 @@ TIMEOUT = 60  # DataLoader timeout: a deadlock fails instead of hanging
 def write_shared_buffer(path: str) -> None:
     """The buffer every rank reads: ``ITEMS`` items whose ``obs`` is their id, saved at ``path`` with its
     memory-mapped files in ``path/storage`` (each rank maps them in place)."""
-    rb = ReplayBuffer(storage=LazyMemmapStorage(ITEMS, scratch_dir=os.path.join(path, "storage")), batch_size=BATCH)
-    rb.extend(TensorDict(obs=torch.arange(ITEMS), batch_size=[ITEMS]))
-    rb.dumps(path)
+    storage = LazyMemmapStorage(ITEMS, scratch_dir=os.path.join(path, "storage"))
+    make_buffer(storage=storage, batch_size=BATCH, data=TensorDict(obs=torch.arange(ITEMS), batch_size=[ITEMS])).dumps(path)
 
 
 def open_shared_buffer(path: str) -> ReplayBuffer:
-    rb = ReplayBuffer(storage=LazyMemmapStorage(ITEMS, scratch_dir=os.path.join(path, "storage")), batch_size=BATCH)
+    rb = make_buffer(storage=LazyMemmapStorage(ITEMS, scratch_dir=os.path.join(path, "storage")), batch_size=BATCH)
     rb.loads(path)  # maps the files in place: no copy, every rank reads the same pages
     return rb
 

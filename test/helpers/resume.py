@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from helpers.factories import make_sampler
+from helpers.factories import make_buffer
 from torchrl.data import (
     LazyMemmapStorage,
     LazyTensorStorage,
@@ -39,12 +39,7 @@ def noisy_buffer(sampler: str, *, fill: bool = True, generator: bool = False, sc
     """A buffer of ``ITEMS`` items (``obs`` = the id) with the :func:`add_noise` transform, over a sampler by name
     (:func:`helpers.factories.make_sampler`); empty with ``fill=False``."""
     storage = LazyTensorStorage(ITEMS) if scratch_dir is None else LazyMemmapStorage(ITEMS, scratch_dir=scratch_dir)
-    rb = ReplayBuffer(
-        storage=storage,
-        sampler=make_sampler(sampler, ITEMS),
-        batch_size=BATCH,
-        generator=torch.Generator().manual_seed(3) if generator else None,
-    )
+    rb = make_buffer(storage=storage, sampler=sampler, capacity=ITEMS, batch_size=BATCH, seed=3 if generator else None)
     rb.append_transform(add_noise)
     if fill:
         rb.extend(TensorDict(obs=torch.arange(ITEMS), batch_size=[ITEMS]))

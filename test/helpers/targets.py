@@ -73,3 +73,28 @@ def child_extend_and_report(rb, queue) -> None:
 def child_set_priority(rb, index: int, priority: float) -> None:
     """Sets one priority of a shared prioritized buffer from another process."""
     rb.update_priority(torch.tensor([index]), torch.tensor([priority]))
+
+
+def child_read_after(storage, event, queue) -> None:
+    """Waits for the parent to write (``event``), then sends back the length and the first ``obs`` column."""
+    try:
+        event.wait(30)
+        queue.put(("ok", len(storage), storage.get(torch.arange(len(storage)))["obs"][:, 0].tolist()))
+    except Exception as err:  # the parent reports it
+        queue.put(("error", len(storage), repr(err)))
+
+
+def child_draw_and_report_sampler_state(dataset, queue, prioritized: bool) -> None:
+    """A DataLoader worker's draw: samples (and sets priorities, with ``prioritized``) through the buffer of
+    ``dataset``, then sends back the sampler's ``state_dict`` (pickled: its tensors may be freed when this exits)."""
+    import pickle
+
+    try:
+        rb = dataset.replay_buffer
+        rb.prepare_worker_copy(seed=1)
+        rb.sample()
+        if prioritized:  # the learner's update, made from the worker
+            rb.update_priority(torch.arange(4), torch.tensor([5.0, 0.5, 2.0, 1.0]))
+        queue.put(("ok", pickle.dumps(rb.sampler.state_dict())))
+    except Exception as err:  # the parent reports it
+        queue.put(("error", repr(err)))

@@ -13,6 +13,7 @@ import json
 import pytest
 import torch
 from helpers.extras import require
+from helpers.factories import make_buffer
 from tensordict import TensorDict
 
 from torchrl.data import (
@@ -28,9 +29,7 @@ pytestmark = pytest.mark.extras
 
 
 def _buffer(storage) -> ReplayBuffer:
-    rb = ReplayBuffer(storage=storage)
-    rb.extend(TensorDict(obs=torch.arange(15.0).reshape(5, 3), batch_size=[5]))
-    return rb
+    return make_buffer(storage=storage, data=TensorDict(obs=torch.arange(15.0).reshape(5, 3), batch_size=[5]))
 
 
 def _snapshot(rb: ReplayBuffer):

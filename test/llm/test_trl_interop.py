@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.extras import require
-from helpers.factories import make_storage
+from helpers.factories import make_buffer, make_storage
 from tensordict import TensorDict
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -60,7 +60,7 @@ def id_item(i: int, *, prompt: bool = False) -> TensorDict:
 def id_buffer(storage: str = "list", n: int = 16, *, prompt: bool = False, sampler=None,
                 generator: torch.Generator | None = None) -> ReplayBuffer:
     """A buffer of ``n`` items with ids ``0 .. n - 1`` (added one by one for a list storage, extended otherwise)."""
-    rb = ReplayBuffer(storage=make_storage(storage, 64), sampler=sampler, batch_size=4, generator=generator)
+    rb = make_buffer(storage=make_storage(storage, 64), sampler=sampler, batch_size=4, generator=generator)
     if storage == "list":
         for i in range(n):
             rb.add(id_item(i, prompt=prompt))
@@ -404,7 +404,7 @@ def tiny_tokenizer():
 def token_buffer(n: int = 32, *, ragged: bool = False) -> ReplayBuffer:
     """Random token sequences (lengths 4 .. 8 when ``ragged``, else 8) with their attention masks."""
     gen = torch.Generator().manual_seed(0)
-    rb = ReplayBuffer(storage=ListStorage(n), batch_size=4)
+    rb = make_buffer(storage=ListStorage(n), batch_size=4)
     for i in range(n):
         length = 4 + i % 5 if ragged else SEQ
         rb.add(TensorDict(input_ids=torch.randint(3, VOCAB, (length,), generator=gen),

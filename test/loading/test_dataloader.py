@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 import torch
-from helpers.factories import data_storage, filled_buffer, make_data
+from helpers.factories import data_storage, filled_buffer, make_buffer, make_data
 from tensordict import LazyStackedTensorDict, TensorDict
 from torch.utils.data import (
     BatchSampler,
@@ -576,9 +576,7 @@ def _threads_loader(dataset, kwargs: dict, *, workers: int, context: str, thread
 
 
 def _buffer() -> ReplayBuffer:
-    rb = ReplayBuffer(storage=LazyTensorStorage(256), batch_size=16)
-    rb.extend(TensorDict(obs=torch.randn(256, 8, 8), batch_size=[256]))
-    return rb
+    return make_buffer(capacity=256, batch_size=16, data=TensorDict(obs=torch.randn(256, 8, 8), batch_size=[256]))
 
 
 def _use_thread_team() -> None:

@@ -7,19 +7,18 @@ import warnings
 import pytest
 import torch
 from helpers.extras import require
+from helpers.factories import make_buffer
 from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
-from torchrl.data import LazyTensorStorage, ReplayBuffer, tensordict_collate
+from torchrl.data import ReplayBuffer, tensordict_collate
 
 B = 8  # the buffer's batch size
 TIMEOUT = 60  # DataLoader timeout: a deadlock fails instead of hanging
 
 
 def _buffer(seed: int = 0) -> ReplayBuffer:
-    rb = ReplayBuffer(storage=LazyTensorStorage(100), batch_size=B, generator=torch.Generator().manual_seed(seed))
-    rb.extend(TensorDict(x=torch.arange(100), batch_size=[100]))
-    return rb
+    return make_buffer(capacity=100, batch_size=B, seed=seed, data=TensorDict(x=torch.arange(100), batch_size=[100]))
 
 
 def test_loader_yields_the_batches_of_the_dataloader_built_by_hand():

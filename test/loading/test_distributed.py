@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from helpers.factories import make_buffer
 from helpers.ranks import BATCH, ITEMS, rank_main, write_shared_buffer
 
 pytestmark = [
@@ -78,11 +79,7 @@ def test_replay_buffer_dataset_splits_batches_over_ranks_and_workers(rank_result
 def _one_rank_buffer():
     from tensordict import TensorDict
 
-    from torchrl.data import LazyTensorStorage, ReplayBuffer
-
-    rb = ReplayBuffer(storage=LazyTensorStorage(ITEMS), batch_size=BATCH)
-    rb.extend(TensorDict(obs=torch.arange(ITEMS), batch_size=[ITEMS]))
-    return rb
+    return make_buffer(capacity=ITEMS, batch_size=BATCH, data=TensorDict(obs=torch.arange(ITEMS), batch_size=[ITEMS]))
 
 
 @pytest.mark.parametrize("num_batches", [1, 5, 8])

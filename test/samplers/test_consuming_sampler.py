@@ -7,6 +7,7 @@ import pickle
 import pytest
 import torch
 from helpers.assertions import assert_checkpoint_round_trip, assert_same_state, chi2, chi2_crit
+from helpers.factories import make_buffer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
@@ -34,16 +35,10 @@ TIMEOUT = 60
 
 
 def consuming_rb(capacity=8, n=None, max_sample_count=1, batch_size=3, seed=0, storage=None, **kwargs):
-    rb = ReplayBuffer(
-        storage=LazyTensorStorage(capacity) if storage is None else storage,
-        sampler=ConsumingSampler(max_sample_count),
-        batch_size=batch_size,
-        generator=torch.Generator().manual_seed(seed),
-        **kwargs,
-    )
-    if n:
-        rb.extend(torch.arange(n))
-    return rb
+    storage = LazyTensorStorage(capacity) if storage is None else storage
+    data = torch.arange(n) if n else None
+    sampler = ConsumingSampler(max_sample_count)
+    return make_buffer(storage=storage, sampler=sampler, batch_size=batch_size, seed=seed, data=data, **kwargs)
 
 
 # -- what is drawn ----------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 from helpers.assertions import check_slices, reference_runs
-from helpers.factories import TRUNC, episodes, ring_write
+from helpers.factories import TRUNC, episodes, make_buffer, ring_write
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
@@ -138,9 +138,10 @@ def _buffer(span, strict_length=True) -> TensorDictReplayBuffer:
         sampler = PrioritizedSliceSampler(
             100, alpha=0.7, beta=0.9, span=span, traj_key="traj", slice_len=SLICE_LEN, strict_length=strict_length
         )
-    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100), sampler=sampler, batch_size=SLICE_LEN * NUM_SLICES)
-    rb.extend(TensorDict({"traj": index // 10, "data": index}, [100]))  # 10 trajectories of 10 steps
-    return rb
+    data = TensorDict({"traj": index // 10, "data": index}, [100])  # 10 trajectories of 10 steps
+    return make_buffer(
+        cls=TensorDictReplayBuffer, capacity=100, sampler=sampler, batch_size=SLICE_LEN * NUM_SLICES, data=data
+    )
 
 
 def _slices(rb, draws: int = 200):

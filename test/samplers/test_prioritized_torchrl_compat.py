@@ -13,20 +13,24 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from helpers.factories import make_buffer
 from tensordict import TensorDict
 
 from torchrl.data import (
     LazyTensorStorage,
+    ListStorage,
     PrioritizedSampler,
     PrioritizedSliceSampler,
+    ReplayBuffer,
+    TensorDictPrioritizedReplayBuffer,
     TensorDictReplayBuffer,
 )
 
 
 def _filled_rb(sampler, n: int, **kwargs) -> TensorDictReplayBuffer:
-    rb = TensorDictReplayBuffer(sampler=sampler, batch_size=4, **kwargs)
-    rb.extend(TensorDict(obs=torch.arange(n), batch_size=[n]))
-    return rb
+    kwargs.setdefault("storage", None)  # the buffer's default storage unless one is given
+    data = TensorDict(obs=torch.arange(n), batch_size=[n])
+    return make_buffer(cls=TensorDictReplayBuffer, sampler=sampler, batch_size=4, data=data, **kwargs)
 
 
 # -- capacity ----------------------------------------------------------------------------------------------------
@@ -205,3 +209,47 @@ def test_prioritized_slice_sampler_round_trips_through_the_buffer_state_dict():
     assert torch.equal(
         fresh.sampler.state_dict()["_sum_tree"]["values"], rb.sampler.state_dict()["_sum_tree"]["values"]
     )
+
+
+# -- exponents, capacity, trajectory items (from the behaviours TorchRL code relies on, issue 12) --------------------
+def test_prioritized_sampler_takes_zero_dim_tensor_exponents():
+    sampler = PrioritizedSampler(10, alpha=torch.tensor(0.5), beta=torch.tensor(0.4))
+    assert (sampler.alpha, sampler.beta) == (0.5, pytest.approx(0.4))
+    sampler.alpha = torch.tensor(0.7)  # what a parameter scheduler sets
+    sampler.beta = torch.tensor(1.0)
+    assert isinstance(sampler.alpha, float) and sampler.beta == 1.0
+
+
+def test_prioritized_sampler_warns_when_alpha_leaves_zero():
+    sampler = PrioritizedSampler(10, alpha=0.0, beta=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sampler.alpha = 0.7  # no priority stored yet: nothing to warn about (as TorchRL)
+    sampler.alpha = 0.0
+    sampler.extend(torch.arange(3))
+    with pytest.warns(UserWarning, match="away from 0"):
+        sampler.alpha = 0.7
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sampler.alpha = 0.9  # not from 0: no warning
+
+
+def test_prioritized_sampler_accepts_a_storage_larger_than_max_capacity():
+    rb = ReplayBuffer(storage=LazyTensorStorage(12), sampler=PrioritizedSampler(4, alpha=0.7, beta=0.5))
+    rb.extend(torch.arange(10))  # the trees hold 8 positions (TorchRL's capacity): items 8 and 9 get no priority
+    _, info = rb.sample(256, return_info=True)
+    assert info["index"].max() == 7 and info["priority_weight"].shape == (256,)
+
+
+def test_priority_weight_has_the_full_batch_shape_of_trajectory_items():
+    rb = TensorDictPrioritizedReplayBuffer(alpha=1.0, beta=0.5, eps=0.0, storage=ListStorage(10))
+    rb.extend(TensorDict(obs=torch.zeros(10, 4), batch_size=[10, 4]))  # 10 items of 4 steps
+    batch = rb.sample(3)
+    assert batch.batch_size == (3, 4)
+    assert batch["priority_weight"].shape == (3, 4) and batch["index"].shape == (3, 4)
+    batch["td_error"] = torch.rand(3, 4) + 1.0
+    rb.update_tensordict_priority(batch)  # one priority per item: the max over its steps
+    for row in range(3):
+        assert rb.sampler._priority[int(batch["index"][row, 0])] == pytest.approx(
+            float(batch["td_error"][batch["index"][:, 0] == batch["index"][row, 0]].amax(-1)[-1])
+        )

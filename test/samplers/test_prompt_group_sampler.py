@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 from helpers.assertions import assert_checkpoint_round_trip
-from helpers.factories import seeded_buffer
+from helpers.factories import make_buffer
 from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
@@ -41,7 +41,8 @@ def completions(n_prompts: int, per_prompt: int, *, start: int = 0, reward=None)
 
 def buffer(capacity=64, batch_size=8, seed=0, **kwargs) -> TensorDictReplayBuffer:
     kwargs.setdefault("samples_per_group", 4)
-    return seeded_buffer(PromptGroupSampler(**kwargs), capacity, batch_size, seed)
+    sampler = PromptGroupSampler(**kwargs)
+    return make_buffer(cls=TensorDictReplayBuffer, sampler=sampler, capacity=capacity, batch_size=batch_size, seed=seed)
 
 
 def groups(batch, k=4) -> list[list[int]]:

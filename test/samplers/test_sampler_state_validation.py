@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.factories import rewrite_checkpoint_metadata
+from helpers.factories import make_buffer, rewrite_checkpoint_metadata
 from tensordict import TensorDict
 
 from torchrl.data import (
@@ -194,7 +194,7 @@ def test_an_ensemble_checks_every_member_state_before_loading_any():
 
 # -- checkpoints ----------------------------------------------------------------------------------------------------
 def _wor_buffer() -> ReplayBuffer:
-    return ReplayBuffer(storage=LazyTensorStorage(16), sampler=SamplerWithoutReplacement(), batch_size=4)
+    return make_buffer(capacity=16, sampler=SamplerWithoutReplacement(), batch_size=4)
 
 
 def _set_sampler_scalar(document: dict, key: str, value) -> None:

@@ -1,6 +1,6 @@
 """The live trajectory index of the slice samplers and ``Sequence`` (issue 30 item 1).
 
-NOTE [live trajectory index] (samplers/_trajectory_index.py): the trajectory boundaries are kept as sorted ends
+NOTE [live trajectory index] (trajectories/live_index.py): the trajectory boundaries are kept as sorted ends
 in write time and updated on each append (wrap-around overwrites included), instead of being found again in the
 whole storage after every write. These tests check that the index always equals a from-scratch search, that the
 draws are exactly those of the from-scratch path for the same generator, that it is rebuilt (never stale) after
@@ -30,7 +30,8 @@ from torchrl.data import (
     TensorDictReplayBuffer,
     tensordict_collate,
 )
-from torchrl.data.replay_buffers.samplers._trajectories import find_trajectories, ring_layout
+from torchrl.data.replay_buffers.trajectories.ends import find_trajectories
+from torchrl.data.replay_buffers.trajectories.layout import ring_layout
 
 DONE = ("next", "done")
 

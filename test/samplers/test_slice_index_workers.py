@@ -1,6 +1,6 @@
 """The live trajectory index across processes: DataLoader workers and other writers (issue 30 item 1).
 
-NOTE [catching up on appends] (samplers/_trajectory_sync.py): the index follows the storage's shared append
+NOTE [catching up on appends] (trajectories/sync.py): the index follows the storage's shared append
 counters (``TensorStorage.append_state``), so a worker's copy of a slice sampler or a ``Sequence`` applies the
 rows the parent appended since its last draw in ``O(rows)`` instead of rebuilding from the whole storage, and a
 process reading a storage that another process writes does the same. These tests check the counters, that the

@@ -209,3 +209,60 @@ def test_right_span_truncates_the_newest_trajectory_after_a_wrap(span, strict_le
     right = 4 if span == [False, True] else 3
     assert truncated_right == {tuple(range(start, 15)) for start in range(11, 15 - 5 + 1 + right)}
     assert not sampler.span[0]
+
+
+# -- probed keys, padding, end signals (from the behaviours TorchRL code relies on, issue 12) ------------------------
+DONE = ("next", "done")
+
+
+TRUNC = ("next", "truncated")
+
+
+TERM = ("next", "terminated")
+
+
+MASK = ("collector", "mask")
+
+
+def _episodes(lengths, key="episode") -> LazyTensorStorage:
+    ids = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
+    data = TensorDict({"obs": torch.arange(ids.numel())}, batch_size=[ids.numel()])
+    data.set(key, ids)
+    storage = LazyTensorStorage(100)
+    storage.set(torch.arange(ids.numel()), data)
+    return storage
+
+
+@pytest.mark.parametrize("key", ["episode", ("collector", "traj_ids")])
+def test_slice_sampler_exposes_the_probed_traj_key(key):
+    sampler = SliceSampler(slice_len=5)
+    assert sampler.traj_key is None
+    _, info = sampler.sample(_episodes([10, 10], key), 10)
+    assert sampler.traj_key == key
+    assert {DONE, TRUNC, TERM} <= set(info)
+
+
+def test_pad_output_mask_only_when_padded_and_last_real_step_truncated():
+    sampler = SliceSampler(slice_len=4, strict_length=False, pad_output=True, traj_key="episode")
+    _, info = sampler.sample(_episodes([10, 10]), 8)  # every trajectory holds a full slice
+    assert MASK not in info
+    _, info = sampler.sample(_episodes([2]), 8)  # one trajectory of 2 steps: 2 padded steps per slice
+    assert info[MASK].view(2, 4).tolist() == [[True, True, False, False]] * 2
+    assert info[TRUNC].view(2, 4).tolist() == [[False, True, False, False]] * 2
+
+
+def test_end_key_with_end_keys_is_value_and_runtime_error():
+    for exc in (ValueError, RuntimeError):
+        with pytest.raises(exc, match="end_keys"):
+            SliceSampler(slice_len=2, end_key=DONE, end_keys=[TERM])
+
+
+@pytest.mark.parametrize("end_keys", [None, [DONE, TERM]])
+def test_slice_sampler_refuses_a_2d_end_signal(end_keys):
+    data = TensorDict({DONE: torch.zeros(20, 2, dtype=torch.bool), TERM: torch.zeros(20, 1, dtype=torch.bool)},
+                      batch_size=[20])
+    storage = LazyTensorStorage(20)
+    storage.set(torch.arange(20), data)
+    sampler = SliceSampler(slice_len=4, end_key=None if end_keys else DONE, end_keys=end_keys)
+    with pytest.raises(ValueError, match="one done flag per step"):
+        sampler.sample(storage, 8)

@@ -8,6 +8,7 @@ import pickle
 import pytest
 import torch
 from helpers.assertions import assert_checkpoint_round_trip, assert_same_state, chi2, chi2_crit
+from helpers.factories import make_buffer
 from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
@@ -39,9 +40,8 @@ def data(versions, start=0, key="policy_version") -> TensorDict:
 
 def stale_rb(versions, consumer_version, batch_size=1, seed=0, capacity=16, **kwargs):
     sampler = StalenessAwareSampler(**kwargs)
-    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), sampler=sampler, batch_size=batch_size,
-                                generator=torch.Generator().manual_seed(seed))
-    rb.extend(data(versions))
+    rb = make_buffer(cls=TensorDictReplayBuffer, capacity=capacity, sampler=sampler, batch_size=batch_size, seed=seed,
+                     data=data(versions))  # fmt: skip
     sampler.consumer_version = consumer_version
     return rb
 

@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 from helpers.assertions import assert_checkpoint_round_trip
-from helpers.factories import seeded_buffer
+from helpers.factories import make_buffer
 from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
@@ -39,7 +39,8 @@ def steps(start: int, n: int, *, done_at=(), traj=None, **extra) -> TensorDict:
 
 def buffer(capacity=100, batch_size=8, seed=0, **kwargs) -> TensorDictReplayBuffer:
     kwargs.setdefault("slice_len", 4)
-    return seeded_buffer(StreamingSliceSampler(**kwargs), capacity, batch_size, seed)
+    sampler = StreamingSliceSampler(**kwargs)
+    return make_buffer(cls=TensorDictReplayBuffer, sampler=sampler, capacity=capacity, batch_size=batch_size, seed=seed)
 
 
 def windows(batch, slice_len=4) -> list[list[int]]:

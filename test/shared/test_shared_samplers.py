@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers.factories import make_data
+from helpers.factories import make_buffer, make_data
 from tensordict import TensorDict
 from torch.utils.data import DataLoader, get_worker_info
 
@@ -44,18 +44,16 @@ TIMEOUT = 60  # DataLoader timeout: a deadlock fails instead of hanging
 
 
 def wor_buffer(size: int, batch_size: int = 4, drop_last: bool = False, **kwargs) -> TensorDictReplayBuffer:
-    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(64), sampler=SamplerWithoutReplacement(drop_last=drop_last),
-                                batch_size=batch_size, **kwargs)
-    rb.extend(make_data(size))
-    return rb
+    sampler = SamplerWithoutReplacement(drop_last=drop_last)
+    return make_buffer(cls=TensorDictReplayBuffer, capacity=64, sampler=sampler, batch_size=batch_size,
+                       data=make_data(size), **kwargs)  # fmt: skip
 
 
 def prioritized_buffer(size: int, capacity: int = 64, batch_size: int = 8, **kwargs) -> TensorDictPrioritizedReplayBuffer:
     kwargs.setdefault("alpha", 0.7)
     kwargs.setdefault("beta", 0.5)
-    rb = TensorDictPrioritizedReplayBuffer(storage=LazyTensorStorage(capacity), batch_size=batch_size, **kwargs)
-    rb.extend(make_data(size))
-    return rb
+    return make_buffer(cls=TensorDictPrioritizedReplayBuffer, capacity=capacity, batch_size=batch_size,
+                       data=make_data(size), **kwargs)  # fmt: skip
 
 
 def loader(dataset, num_workers: int, start_method: str = "fork", **kwargs) -> DataLoader:

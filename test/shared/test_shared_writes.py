@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 import torch.multiprocessing as torch_mp
-from helpers.factories import tagged_rows, torn_rows
+from helpers.factories import make_buffer, tagged_rows, torn_rows
 from helpers.targets import child_extend_and_report, child_hold_write_lock, child_write_tagged
 from torch.utils.data import DataLoader
 
@@ -41,9 +41,8 @@ def _shared_buffer(storage: str, capacity: int, tmp_path, **kwargs):
         backing = LazyTensorStorage(capacity, **kwargs)
     else:
         backing = LazyMemmapStorage(capacity, scratch_dir=tmp_path / "rb", **kwargs)
-    rb = TensorDictReplayBuffer(storage=backing, batch_size=16, shared=True)
-    rb.extend(tagged_rows(99, 0, 2))  # a lazy storage allocates at its first write: in this process
-    return rb
+    # a lazy storage allocates at its first write: in this process
+    return make_buffer(cls=TensorDictReplayBuffer, storage=backing, batch_size=16, shared=True, data=tagged_rows(99, 0, 2))
 
 
 def _run_writers(ctx, rb, n_writers: int, *, batches: int = BATCHES, timeout: float = 60) -> None:

@@ -26,6 +26,7 @@ import zlib
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 import torchrl.data.replay_buffers._shared.cleanup as _cleanup
 import torchrl.data.replay_buffers.storages as storages_module
@@ -382,3 +383,12 @@ def test_a_copied_owner_marker_does_not_get_a_directory_removed(tmp_path):
     assert cleanup_stale_scratch_dirs(tmp_path, dry_run=True) == [original]
     assert cleanup_stale_scratch_dirs(tmp_path) == [original]
     assert (copied_marker / "precious.txt").exists() and copied_tree.is_dir()
+
+
+# -- exception types (from the behaviours TorchRL code relies on, issue 12) ------------------------------------------
+def test_memmap_existsok_false_is_file_exists_and_runtime_error(tmp_path):
+    (tmp_path / "old").write_text("x")
+    for exc in (FileExistsError, RuntimeError):
+        storage = LazyMemmapStorage(10, scratch_dir=str(tmp_path), existsok=False)
+        with pytest.raises(exc, match="existsok"):
+            storage.set(torch.arange(2), TensorDict(a=torch.zeros(2), batch_size=[2]))

@@ -20,6 +20,7 @@ import pytest
 import torch
 from helpers.assertions import assert_checkpoint_round_trip
 from helpers.extras import needs, require
+from helpers.factories import make_buffer
 from tensordict import NonTensorData, NonTensorStack, TensorDict, lazy_stack, tensorclass
 from torch.utils.data import DataLoader
 
@@ -357,12 +358,12 @@ def test_ted_checkpointers_round_trip_storage_dumps(ckpt, n, tmp_path):
 
 @pytest.mark.parametrize("ckpt", CHECKPOINTERS)
 def test_ted_checkpointers_are_used_by_buffer_dumps(ckpt, tmp_path):
-    rb = TensorDictReplayBuffer(storage=LazyMemmapStorage(16), batch_size=4)
+    rb = make_buffer(cls=TensorDictReplayBuffer, storage="memmap", capacity=16, batch_size=4)
     rb.storage.checkpointer = ckpt()
     rb.extend(ted(12))
 
     def fresh_buffer():
-        fresh = TensorDictReplayBuffer(storage=LazyMemmapStorage(16), batch_size=4)
+        fresh = make_buffer(cls=TensorDictReplayBuffer, storage="memmap", capacity=16, batch_size=4)
         fresh.storage.checkpointer = ckpt()
         return fresh
 

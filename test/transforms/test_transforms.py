@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.factories import make_buffer
 from tensordict import TensorDict
 from torch import nn
 
@@ -48,7 +49,7 @@ def _td(value: float, n: int = 2) -> TensorDict:
 
 
 def _buffer(**kwargs) -> TensorDictReplayBuffer:
-    return TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=2, **kwargs)
+    return make_buffer(cls=TensorDictReplayBuffer, capacity=10, batch_size=2, **kwargs)
 
 
 # -- Compose --------------------------------------------------------------------------------------------------

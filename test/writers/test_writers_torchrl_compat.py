@@ -3,10 +3,12 @@ data and its ``_cursor``, and slot generations kept on the storage."""
 
 from __future__ import annotations
 
+import pickle
 import re
 
 import pytest
 import torch
+from helpers.assertions import start_spawned
 from tensordict import TensorDict, tensorclass
 
 from torchrl.data import (
@@ -19,9 +21,9 @@ from torchrl.data import (
     TensorDictReplayBuffer,
     TensorDictRoundRobinWriter,
 )
-from torchrl.data.replay_buffers.errors import TORCHRL_PHRASES
+from torchrl.data.replay_buffers.writers.max_value import MAX_VALUE_WRITER_DATA
 
-MAX_VALUE_PHRASE = TORCHRL_PHRASES["max_value_writer_data"].phrase
+MAX_VALUE_PHRASE = MAX_VALUE_WRITER_DATA.phrase
 assert MAX_VALUE_PHRASE == "expects data to be a tensor collection"
 
 STORAGES = {
@@ -212,3 +214,26 @@ def test_writer_state_for_another_capacity_is_refused_unchanged():
     with pytest.raises(ValueError, match="3 slots.*5 rows"):
         big.load_state_dict(writer.state_dict())
     assert big.cursor == 1 and big.generations_of(torch.arange(2)).tolist() == [0, -1]
+
+
+# -- exception types (from the behaviours TorchRL code relies on, issue 12) ------------------------------------------
+def test_max_value_writer_non_tensordict_is_type_and_runtime_error():
+    rb = ReplayBuffer(storage=LazyTensorStorage(10), writer=TensorDictMaxValueWriter())
+    for exc in (TypeError, RuntimeError):
+        with pytest.raises(exc, match="expects data to be a tensor collection"):
+            rb.add(torch.zeros(3))
+
+
+# -- refused under spawn (from the behaviours TorchRL code relies on, issue 12) --------------------------------------
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_max_value_writer_is_not_sent_to_a_spawned_process():
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(4), writer=TensorDictMaxValueWriter(rank_key="score")
+    )
+    rb.extend(TensorDict(score=torch.arange(3.0), batch_size=[3]))
+    with pytest.raises(RuntimeError, match=r"TensorDictMaxValueWriter cannot be shared between processes"):
+        start_spawned(rb)
+    assert pickle.loads(pickle.dumps(rb.writer)).cursor == 3  # plain pickling (no process) still works

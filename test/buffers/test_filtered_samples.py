@@ -4,6 +4,7 @@ smaller batch: the info entries with one value per drawn row are left out, the s
 from __future__ import annotations
 
 import torch
+from helpers.factories import make_buffer
 from tensordict import TensorDict
 
 from torchrl.data import (
@@ -21,8 +22,7 @@ def _data(n: int = 8) -> TensorDict:
 
 def _aged_buffer(cls=TensorDictReplayBuffer, **kwargs):
     version = {"now": 3}
-    rb = cls(storage=LazyTensorStorage(16), batch_size=8, **kwargs)
-    _ = rb.extend(_data())  # no filter on the write path: every row is stored
+    rb = make_buffer(cls=cls, capacity=16, batch_size=8, data=_data(), **kwargs)  # no filter on the write path
     rb.append_transform(PolicyAgeFilter(lambda: version["now"], max_policy_lag=0))  # version 2 is stale
     return rb
 

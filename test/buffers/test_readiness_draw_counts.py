@@ -20,6 +20,7 @@ import threading
 
 import pytest
 import torch
+from helpers.factories import make_buffer
 
 import torchrl.data.replay_buffers._shared.lock as lock_module
 import torchrl.data.replay_buffers.replay_buffers._readiness as readiness
@@ -30,16 +31,14 @@ from torchrl.data import (
     ReplayBuffer,
     SampleToInsertRatio,
 )
-from torchrl.data.replay_buffers.replay_buffers._readiness import FlowState
+from torchrl.data.replay_buffers.replay_buffers._readiness import FlowControl
 from torchrl.data.replay_buffers.replay_buffers.rate_limiters import SampleBudget
 
 BS = 4
 
 
 def _shared_buffer(cls=ReplayBuffer, **kwargs):
-    rb = cls(storage=LazyTensorStorage(32), batch_size=BS, shared=True, **kwargs)
-    rb.extend(torch.arange(32))
-    return rb
+    return make_buffer(cls=cls, capacity=32, batch_size=BS, shared=True, data=torch.arange(32), **kwargs)
 
 
 def _counting_flock(monkeypatch) -> list[int]:
@@ -157,7 +156,7 @@ def _child_counts(flow) -> None:
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_a_slot_left_mid_count_is_read_and_taken_over():
-    flow = FlowState(shared=True)
+    flow = FlowControl(shared=True)
     _run_children(_child_dies_mid_count, (flow,), count=1)
     assert flow.get("sample_calls") == 1 and flow.as_dict()["samples_returned"] == 3  # the read ends
     _run_children(_child_counts, (flow,), count=1)
@@ -196,7 +195,7 @@ def test_a_pickled_copy_keeps_the_counts_of_the_slots():
         rb.sample()
     copy = pickle.loads(pickle.dumps(rb._flow))
     assert (copy.get("sample_calls"), copy.get("samples_returned")) == (3, 3 * BS)
-    old = FlowState()  # a state saved before the slots existed still loads
+    old = FlowControl()  # a state saved before the slots existed still loads
     old.__setstate__({"counters": copy._counters, "process_lock": None})
     assert old.get("sample_calls") == copy._counters["sample_calls"]
 

@@ -1,12 +1,11 @@
-"""Storage behaviours TorchRL user code relies on (issue 12, "Behaviours that differ today")."""
+"""Storage behaviours TorchRL user code relies on: partial writes (subsets of the stored keys, new keys), what a write
+accepts (lists of items, lazy stacks, 2-D storages) and the refusal of a ListStorage sent to a spawned process."""
 
 from __future__ import annotations
 
-import multiprocessing
-import pickle
-
 import pytest
 import torch
+from helpers.assertions import start_spawned
 from tensordict import TensorDict, lazy_stack
 
 from torchrl.data import (
@@ -14,7 +13,6 @@ from torchrl.data import (
     LazyTensorStorage,
     ListStorage,
     ReplayBuffer,
-    TensorDictMaxValueWriter,
     TensorDictReplayBuffer,
     TensorStorage,
 )
@@ -67,14 +65,6 @@ def test_partial_write_with_a_wrong_shape_writes_nothing():
 
 
 # -- refusals TorchRL makes ---------------------------------------------------------------------------------------
-def _start_spawned(obj):
-    ctx = multiprocessing.get_context("spawn")
-    proc = ctx.Process(target=len, args=(obj,), daemon=True)
-    try:
-        proc.start()
-    finally:
-        if proc.pid is not None:  # started (no refusal): do not leave it behind
-            proc.join(60)
 
 
 @pytest.mark.multiprocess
@@ -83,20 +73,8 @@ def test_list_storage_sent_to_a_spawned_process_names_its_type():
     rb = ReplayBuffer(storage=ListStorage(10))
     rb.extend(torch.arange(3))
     with pytest.raises(RuntimeError, match=r"Cannot share a storage of type ListStorage between processes"):
-        _start_spawned(rb)
+        start_spawned(rb)
     assert rb[:].tolist() == [0, 1, 2]
-
-
-@pytest.mark.multiprocess
-@pytest.mark.timeout(60)
-def test_max_value_writer_is_not_sent_to_a_spawned_process():
-    rb = TensorDictReplayBuffer(
-        storage=LazyTensorStorage(4), writer=TensorDictMaxValueWriter(rank_key="score")
-    )
-    rb.extend(TensorDict(score=torch.arange(3.0), batch_size=[3]))
-    with pytest.raises(RuntimeError, match=r"TensorDictMaxValueWriter cannot be shared between processes"):
-        _start_spawned(rb)
-    assert pickle.loads(pickle.dumps(rb.writer)).cursor == 3  # plain pickling (no process) still works
 
 
 # -- what extend accepts: lists of items, lazy stacks, 2-D storages -----------------------------------------------
@@ -139,65 +117,3 @@ def test_two_dim_storage_extend_and_item_assignment():
     assert rb.storage.get((torch.tensor([1]), torch.tensor([0])))["a"].tolist() == [5.0]  # backing [time, envs]
     assert rb[0, 1]["a"].item() == 5.0
     assert float(rb[:]["a"].sum()) == 5.0
-
-
-# -- prefetched batches are state ----------------------------------------------------------------------------------
-def _prefetching_buffer():
-    rb = ReplayBuffer(
-        storage=LazyTensorStorage(100), batch_size=4, prefetch=3, generator=torch.Generator().manual_seed(0)
-    )
-    rb.extend(torch.arange(100))
-    rb.sample()  # fills the prefetch queue
-    return rb
-
-
-def test_state_dict_keeps_prefetched_batches():
-    rb = _prefetching_buffer()
-    state = rb.state_dict()
-    assert state["_prefetch_state"]["version"] == 1 and len(state["_prefetch_state"]["queue"]) == 3
-    restored = ReplayBuffer(
-        storage=LazyTensorStorage(100), batch_size=4, prefetch=3, generator=torch.Generator()
-    )
-    restored.load_state_dict(state)
-    assert [restored.sample().tolist() for _ in range(6)] == [rb.sample().tolist() for _ in range(6)]
-    other = ReplayBuffer(storage=LazyTensorStorage(100), batch_size=4, prefetch=2)
-    with pytest.raises(ValueError, match="prefetch=3"):
-        other.load_state_dict(state)
-
-
-def test_pickled_buffer_returns_the_same_next_batches():
-    rb = _prefetching_buffer()
-    copy = pickle.loads(pickle.dumps(rb))
-    assert len(copy._prefetch_queue) == 3
-    assert [copy.sample().tolist() for _ in range(6)] == [rb.sample().tolist() for _ in range(6)]
-    worker_copy = pickle.loads(pickle.dumps(rb))
-    worker_copy.prepare_worker_copy(seed=1)  # a DataLoader worker never sees the parent's prefetched batches
-    assert len(worker_copy._prefetch_queue) == 0
-
-
-@pytest.mark.parametrize("tensordict_items", [False, True])
-def test_dumps_keeps_prefetched_batches_without_pickle(tmp_path, tensordict_items):
-    def build(prefetch=3):
-        rb = ReplayBuffer(
-            storage=LazyTensorStorage(100),
-            batch_size=4,
-            prefetch=prefetch,
-            generator=torch.Generator().manual_seed(0),
-        )
-        data = torch.arange(100)
-        rb.extend(
-            TensorDict(a=data, nested={"b": data.float()}, batch_size=[100]) if tensordict_items else data
-        )
-        return rb
-
-    rb = build()
-    rb.sample()
-    rb.dumps(tmp_path / "ckpt")
-    assert not list((tmp_path / "ckpt").rglob("*.pkl"))
-    restored = build()
-    restored.loads(tmp_path / "ckpt")
-    for _ in range(6):
-        (want, want_info), (got, got_info) = rb.sample(return_info=True), restored.sample(return_info=True)
-        assert (want == got).all() and torch.equal(want_info["index"], got_info["index"])
-    with pytest.raises(RuntimeError, match="prefetch queue with capacity 3.*prefetch=3"):  # TorchRL's type
-        build(prefetch=2).loads(tmp_path / "ckpt")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.assertions import check_slices, chi2, chi2_crit, reference_runs
-from helpers.factories import TRUNC, episodes, ring_write
+from helpers.factories import TRUNC, episodes, make_buffer, ring_write
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
@@ -187,7 +187,7 @@ def test_the_index_follows_appends_and_wraps_without_a_rebuild():
 
     def buffer(cls):
         sampler = make(cls, capacity=1000, slice_len=8)
-        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(1000), sampler=sampler, batch_size=64)
+        rb = make_buffer(cls=TensorDictReplayBuffer, capacity=1000, sampler=sampler, batch_size=64)
         sampler._rng = torch.Generator().manual_seed(0)
         return rb
 

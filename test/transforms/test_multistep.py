@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.factories import make_buffer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
@@ -197,7 +198,7 @@ def _stream_with_checkpoint(tmp_path, held_after: int):
     td = rollout(30, done_at=(9, 20))
 
     def buffer():
-        return ReplayBuffer(storage=LazyTensorStorage(50), transform=Compose(MultiStepTransform(3, 0.9)))
+        return make_buffer(capacity=50, transform=Compose(MultiStepTransform(3, 0.9)))
 
     uninterrupted = buffer()
     for start, stop in ((0, held_after), (held_after, 30)):

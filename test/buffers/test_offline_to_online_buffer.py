@@ -11,6 +11,7 @@ import torch
 from helpers.extras import needs
 from tensordict import TensorDict
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl.data import (
     DatasetStorage,
     LazyMemmapStorage,
@@ -21,7 +22,7 @@ from torchrl.data import (
     TensorDictReplayBuffer,
     prefill_replay_buffer,
 )
-from torchrl.data.replay_buffers.errors import TORCHRL_PHRASES
+from torchrl.data.replay_buffers import offline_to_online
 
 OFFLINE = 40
 
@@ -294,10 +295,10 @@ def test_bad_sample_batch_size():
         rb.sample(0)
 
 
-def test_the_phrases_are_registered():
-    for key in ("o2o_both_online", "o2o_no_online", "o2o_string_batch_size", "o2o_dataset_kwargs",
-                "o2o_sample_batch_size"):  # fmt: skip
-        assert key in TORCHRL_PHRASES
+def test_the_phrases_are_module_constants():
+    for name in ("O2O_BOTH_ONLINE", "O2O_NO_ONLINE", "O2O_STRING_BATCH_SIZE", "O2O_DATASET_KWARGS",
+                 "O2O_SAMPLE_BATCH_SIZE"):  # fmt: skip
+        assert isinstance(getattr(offline_to_online, name), TorchRLPhrase)
 
 
 # -- prefill_replay_buffer ----------------------------------------------------------------------------------------------
