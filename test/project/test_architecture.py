@@ -317,7 +317,7 @@ def test_the_private_self_check_catches_a_mixin():
 RB = ROOT / "data" / "replay_buffers"
 #: TorchRL's module paths and the modules that hold one public concept each (design.md, "Layout").
 ROOT_MODULES = {
-    "__init__.py", "checkpointers.py", "ray_buffer.py", "utils.py", "sample_units.py", "scheduler.py",
+    "__init__.py", "checkpointers.py", "ray_buffer.py", "utils.py", "scheduler.py",
     "training_state.py", "ted.py", "errors.py", "component.py", "her.py", "offline_to_online.py", "query.py",
 }
 
