@@ -435,7 +435,16 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
     @property
     def replay_lock(self):
         """The buffer's re-entrant lock, held around every read and write of its components in this process; a
-        reader of several buffers at once (:class:`~torchrl.data.ReplayBufferEnsemble`) holds each member's."""
+        reader of several buffers at once (:class:`~torchrl.data.ReplayBufferEnsemble`) holds each member's.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
+            >>> with rb.replay_lock:  # no other thread of this process writes or draws meanwhile
+            ...     rb.extend(torch.arange(3)).tolist(), len(rb)
+            ([0, 1, 2], 3)
+        """
         return self._replay_lock
 
     @property
