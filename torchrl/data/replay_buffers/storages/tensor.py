@@ -595,27 +595,25 @@ class TensorStorage(Storage):
                 lo, hi = index.aminmax()
                 if int(lo) < 0 or int(hi) >= rows:
                     index = check_bounds(index, rows)  # raises, or maps negative positions
-            if self._versions is not None and self.consistent_reads:
-                return self._gather_consistent(backing, index, index.numpy())
-            return self._gather(backing, index)
-        if isinstance(index, tuple):
-            if len(index) == 1:
-                index = index[0]
-            elif len(index) == self.ndim and not any(isinstance(i, (slice, type(Ellipsis))) for i in index):
-                return self._gather_cells(index, rows)
-            else:
-                return self._codec.decode(self._storage[:rows][index])
-        if is_int(index):
-            return self._codec.decode(self._storage[check_int(index, rows)])
-        if isinstance(index, slice):
-            return self._codec.decode(self._storage[:rows][index])
-        if index is Ellipsis:
-            return self._codec.decode(self._storage[:rows])
-        masks = (rows, self._storage.batch_size[0])
-        index = check_bounds(as_index_tensor(index, device=self._storage.device, mask_sizes=masks), rows)
+        else:
+            if isinstance(index, tuple):
+                if len(index) == 1:
+                    index = index[0]
+                elif len(index) == self.ndim and not any(isinstance(i, (slice, type(Ellipsis))) for i in index):
+                    return self._gather_cells(index, rows)
+                else:
+                    return self._codec.decode(backing[:rows][index])
+            if is_int(index):
+                return self._codec.decode(backing[check_int(index, rows)])
+            if isinstance(index, slice):
+                return self._codec.decode(backing[:rows][index])
+            if index is Ellipsis:
+                return self._codec.decode(backing[:rows])
+            masks = (rows, backing.batch_size[0])
+            index = check_bounds(as_index_tensor(index, device=backing.device, mask_sizes=masks), rows)
         if self._versions is not None and self.consistent_reads:
-            return self._gather_consistent(self._storage, index, index.numpy())
-        return self._gather(self._storage, index)
+            return self._gather_consistent(backing, index, index.numpy())
+        return self._gather(backing, index)
 
     def _select(self, backing: TensorDictBase, index: torch.Tensor):
         """The rows ``index`` of ``backing``: a tensor for tensor data, else a TensorDict (not decoded)."""
