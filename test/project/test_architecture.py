@@ -125,6 +125,7 @@ ALLOWED_PRIVATE = {
     "_replace",  # collections.namedtuple's public method
     "_asdict",  # collections.namedtuple's public method
     "_fields",  # collections.namedtuple's public attribute
+    "_assert_async",  # torch's asynchronous assert: checks a device value without a host sync (compiled draws)
     # TorchRL contract names: TorchRL's writers and buffers call these on a storage/sampler/writer, and user
     # subclasses written for TorchRL implement them under these names, so they keep them here too.
     "_empty",  # TorchRL contract: empty a storage, sampler or writer (rb.empty() calls it on each)

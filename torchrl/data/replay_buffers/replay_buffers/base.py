@@ -54,6 +54,7 @@ from torchrl.data.replay_buffers._checkpoint.validate import check_int_field
 from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
 from torchrl.data.replay_buffers.errors import CheckpointError
 from torchrl.data.replay_buffers.loading.collate import stack_samples
+from torchrl.data.replay_buffers.loading.pinning import pin_host_memory
 from torchrl.data.replay_buffers.query import query_replay_buffer
 from torchrl.data.replay_buffers.replay_buffers._batch_layout import (
     items_in,
@@ -147,7 +148,9 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             ``functools.partial(LazyTensorStorage, 100)``), called when the buffer is built.
         collate_fn (callable, optional): turns what ``storage.get`` returns into a batch. Defaults to the
             identity for tensor storages and :func:`~torchrl.data.tensordict_collate` (stacking) for others.
-        pin_memory (bool): pin sampled batches (only when CUDA is available). Defaults to ``False``.
+        pin_memory (bool): pin the host leaves of sampled batches, before the forward transforms, so that a device
+            cast among them (:class:`~torchrl.envs.transforms.DeviceCastTransform`) copies without blocking
+            (only when CUDA is available). Defaults to ``False``.
         prefetch (int, optional): how many batches to sample ahead in a thread pool. Needs ``batch_size``.
             Prefetched batches are drawn in order, so iterating the buffer still yields exactly one epoch of
             a without-replacement sampler (batches drawn past its end open the next epoch). As in TorchRL, the
@@ -175,8 +178,11 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         consume_after_n_samples (int, optional): draw each item at most this many times until it is
             overwritten: the default sampler becomes ``ConsumingSampler(consume_after_n_samples)`` (see
             :class:`~torchrl.data.ConsumingSampler`; another sampler raises a ``ValueError``). Defaults to ``None``.
-        compilable (bool, optional): accepted for TorchRL compatibility and passed to the default storage
-            and writer; no effect here (see :class:`~torchrl.data.Storage`). Defaults to ``None``.
+        compilable (bool, optional): write and draw without locks, waits or background threads, so that
+            ``torch.compile(fullgraph=True)`` traces ``extend`` and ``sample`` into one graph (with a compilable
+            tensor storage); passed to the default storage and writer. Not with ``shared``, ``prefetch`` or
+            ``rate_limiter`` (``ValueError``), nor ``sample(wait=...)``. See the "On the GPU and under
+            torch.compile" docs page. Defaults to ``None``.
         delayed_init (bool, optional): build the components at the first write rather than at construction
             (TorchRL's delayed init; see :attr:`initialized`). Defaults to ``None``: delayed when
             ``transform_factory`` is given, else built at once.
@@ -270,6 +276,15 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         check_int("prefetch", prefetch, minimum=0, allow_none=True, type_error=False)
         if prefetch and shared:
             raise PREFETCH_SHARED.error(prefetch=prefetch)
+        if compilable:  # what a traced write or draw cannot do (see the "On the GPU" docs page)
+            refused = {"shared": shared, "prefetch": prefetch, "rate_limiter": rate_limiter}
+            for name, value in refused.items():
+                if value:
+                    raise ValueError(
+                        f"A buffer built with compilable=True writes and draws without locks, waits or background "
+                        f"threads, so that torch.compile traces them: `{name}` is not supported with it (got "
+                        f"{name}={value!r}). Build the buffer with compilable=False to use `{name}`."
+                    )
         consuming = consume_after_n_samples is not None or getattr(sampler, "consumes_items", False)
         if prefetch and batch_size is None and not consuming:  # consuming: refused when built, as in TorchRL
             raise ValueError("`prefetch` samples ahead with the buffer's `batch_size`: pass batch_size too.")
@@ -641,6 +656,12 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         processes overlap it; cursor, rows, counters, sampler and priorities change under the lock. The waiting
         readers are woken after the write.
         """
+        if self._compilable:  # no lock, no flow control: one traceable write (see the "On the GPU" docs page)
+            index = self._writer.extend(data)
+            self._sampler.extend(index)
+            if priority is not None:
+                self._sampler.update_priority(index, priority, storage=self._storage)
+            return index
         flow = self._flow
         if timeout is None and not flow.gates_inserts:
             index = self._write_now(data, priority)
@@ -749,7 +770,16 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             self._ready()
         bs = self._batch_size if batch_size is None and self._batch_size is not None else (
             self._resolve_batch_size(batch_size))  # fmt: skip
-        data, info = self._first_stage.draw(bs, wait, timeout, cancel_event, self._sample)
+        if self._compilable:  # one traceable route: no stage, no lock (see the "On the GPU" docs page)
+            if wait is not False or timeout is not None or cancel_event is not None:
+                raise ValueError(
+                    f"A buffer built with compilable=True draws at once: wait, timeout and cancel_event are not "
+                    f"supported (got wait={wait!r}, timeout={timeout!r}, cancel_event={cancel_event!r}). Check "
+                    f"rb.can_sample() before sampling, or build the buffer with compilable=False to wait for data."
+                )
+            data, info = self._sample(bs)
+        else:
+            data, info = self._first_stage.draw(bs, wait, timeout, cancel_event, self._sample)
         return (data, info) if return_info else data
 
     def query(self, predicate=None, *, trajectory_key=None) -> list:
@@ -818,35 +848,56 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         ended the sampler's epoch (NOTE [prefetch epochs] in ``_prefetch.py``). Under the buffer's lock:
         ``sampler.sample(storage, B)`` -> ``(index, info)`` -> the sample unit's expansion, if any ->
         ``info["index"]`` (and ``"index_generation"`` for a writer that tracks generations) -> one
-        ``storage.get``; then, outside the lock, ``collate_fn`` (unless one item was read) -> the forward
-        transforms -> ``pin_memory`` (when asked and CUDA is available).
+        ``storage.read_rows`` (``storage.get`` for samplers that do not draw in bounds); then, outside the lock,
+        ``collate_fn`` (unless one item was read) -> ``pin_memory`` (when asked and CUDA is available) -> the
+        forward transforms. A buffer built with ``compilable=True`` takes neither lock nor turn.
         """
+        if self._compilable:  # no lock, no turn: one traceable draw (see the "On the GPU" docs page)
+            index, info = self._sampler.sample(self._storage, batch_size)
+            return self._deliver(*self._read_drawn(index, info), transform)
         turn = getattr(DRAW_TURNS, "turn", None)
         if turn is not None:  # draw after the task submitted before this one
             turn.wait_previous()
-        sampler, storage = self._sampler, self._storage
+        sampler = self._sampler
         with self._replay_lock:
             try:
-                index, info = sampler.sample(storage, batch_size)
+                index, info = sampler.sample(self._storage, batch_size)
                 if turn is not None:
                     turn.ran_out = sampler.ran_out
             finally:
                 if turn is not None:
                     turn.release()
-            unit = self._sample_unit
-            if unit is not None:  # see torchrl.data.replay_buffers.sample_units
-                index, info = unit.expand(index, info, storage)
-            info["index"] = index
-            if self._writer.tracks_generations:
-                info["index_generation"] = self._writer.generations_of(index)
-            data = storage.get(index) if unit is None else unit.read(storage, index)
+            data, info = self._read_drawn(index, info)
+        return self._deliver(data, info, transform)
+
+    def _read_drawn(self, index, info: dict) -> tuple:
+        """``(items, info)`` for what a sampler drew at ``index``: the sample unit's expansion, if any, then one
+        read of the storage; ``info`` gets ``"index"`` (and ``"index_generation"``)."""
+        storage = self._storage
+        unit = self._sample_unit
+        if unit is not None:  # see torchrl.data.replay_buffers.sample_units
+            index, info = unit.expand(index, info, storage)
+        info["index"] = index
+        if self._writer.tracks_generations:
+            info["index_generation"] = self._writer.generations_of(index)
+        if unit is not None:
+            return unit.read(storage, index), info
+        # a draw of this package's samplers is in bounds: read without the check (a host sync)
+        return (storage.read_rows(index) if self._sampler.draws_in_bounds else storage.get(index)), info
+
+    def _deliver(self, data, info: dict, transform: bool):
+        """``(batch, info)`` from the items read: collated (unless one item was read), pinned when asked and CUDA
+        is available (its host leaves), then through the forward transforms unless ``transform=False``."""
+        index = info["index"]
         collate = self._collate_fn
         if collate is not _identity and not isinstance(index, int):
             data = collate(data)
+        if self._pin_memory:  # before the transforms: a device cast then copies from pinned memory, non-blocking
+            data = pin_host_memory(data)
         if transform and len(self._transform.transforms):  # (Compose's list: no call into Compose per draw)
             data = self._transform(data)
-        if self._pin_memory and torch.cuda.is_available() and hasattr(data, "pin_memory"):
-            data = data.pin_memory()
+            if self._pin_memory:  # what the transforms made on the host (pinned leaves come back as they are)
+                data = pin_host_memory(data)
         return data, info
 
     def __iter__(self):
@@ -1575,6 +1626,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         self._ready()
         self._prefetcher.disable()
         self._make_runtime_state()
+        self._pin_memory = False  # a worker's pinned batch is not pinned in the main process: the loader pins there
         if self._rng is not None:
             self._rng.manual_seed(int(seed) % (2**63))
 

@@ -200,6 +200,10 @@ class Sampler(Component, metaclass=_SamplerMeta):
     #: :meth:`num_sampleable`, writers fill the slots returned by ``free_slots(k)`` first, and iterating an
     #: exhausted buffer yields nothing.
     consumes_items: bool = False
+    #: Whether every index :meth:`sample` returns is a position that holds data (``0 <= i < len(storage)``), by
+    #: construction: a buffer then reads it with :meth:`Storage.read_rows <torchrl.data.Storage.read_rows>`,
+    #: which skips the bounds check (a host sync on an accelerator). ``False`` (checked reads) by default.
+    draws_in_bounds: bool = False
     checkpoint_role = "sampler"
     _rng: torch.Generator | None = None
     _remaining_batches: int = _INT64_MAX
@@ -415,6 +419,14 @@ def check_not_empty(storage) -> int:
     if n == 0:
         raise CONSUMED_EMPTY.error(why="add data first (rb.add / rb.extend)")
     return n
+
+
+def check_has_rows(storage) -> torch.Tensor:
+    """:func:`check_not_empty` for paths that must not sync: ``storage.len_tensor()``, after checking
+    ``storage.has_rows`` (known on the host)."""
+    if not storage.has_rows:
+        raise CONSUMED_EMPTY.error(why="add data first (rb.add / rb.extend)")
+    return storage.len_tensor()
 
 
 def unravel(flat: torch.Tensor, storage):

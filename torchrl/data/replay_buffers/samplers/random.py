@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, check_not_empty, unravel
+from torchrl.data.replay_buffers.samplers.base import (
+    Sampler,
+    check_batch_size,
+    check_has_rows,
+    check_not_empty,
+    unravel,
+)
 
 
 class RandomSampler(Sampler):
@@ -25,6 +31,7 @@ class RandomSampler(Sampler):
     """
 
     requires_shared_state = False
+    draws_in_bounds = True
 
     def can_sample(self, storage, batch_size: int) -> bool:
         """``True`` once ``storage`` holds an item: draws with replacement serve any batch size."""
@@ -32,6 +39,11 @@ class RandomSampler(Sampler):
 
     def sample(self, storage, batch_size: int):
         batch_size = check_batch_size(batch_size)
+        if storage.compilable:  # the length a tensor on the storage's device: no number read back, one graph
+            n = check_has_rows(storage)
+            device = n.device if self._rng is None else self._rng.device
+            u = torch.rand(batch_size, generator=self._rng, device=device, dtype=torch.float64)
+            return unravel((u * n.to(device)).long(), storage), {}  # floor(u * n) < n for u < 1
         n = check_not_empty(storage)
         device = getattr(storage, "device", None)
         device = device if isinstance(device, torch.device) else None

@@ -25,6 +25,7 @@ from torchrl.data.replay_buffers.samplers._shared_epoch import (
 from torchrl.data.replay_buffers.samplers.base import (
     Sampler,
     check_batch_size,
+    check_has_rows,
     check_not_empty,
     register_without_replacement,
     state_bool,
@@ -83,6 +84,7 @@ class SamplerWithoutReplacement(Sampler):
 
     requires_shared_state = True
     can_share_state = True
+    draws_in_bounds = True
     _epoch_id = 0  # private epochs drawn so far (the shared state counts its own)
     _epoch_state: SharedEpoch | None = None  # the shared epoch, once shared
     _pin: Pin | None = None  # this process's pin (never pickled)
@@ -90,6 +92,9 @@ class SamplerWithoutReplacement(Sampler):
         None  # the next draw's (key, number, total) (never pickled)
     )
     _pending_plan: dict | None = None  # a plan loaded into a private sampler, handed to the shared epoch
+    # the epoch of draws from a compilable storage, in one tensor on its device: [permutation | pos | length]
+    # (see _next_in_tensor_epoch); the Python epoch above is derived from it when read (_epoch)
+    _tensor_epoch: torch.Tensor | None = None
 
     def __init__(self, drop_last: bool = False, shuffle: bool = True):
         self.drop_last = check_bool(
@@ -122,7 +127,8 @@ class SamplerWithoutReplacement(Sampler):
             True
         """
         if self._epoch_state is None:
-            perm, pos, length = self._perm, self._pos, self._len_storage
+            perm, pos, length, _ = self._epoch()
+            self._tensor_epoch = None
             if perm is not None and perm.numel() != length:  # a loaded epoch holds only the positions left
                 perm, pos = _complete_epoch(perm[pos:], length, None), length - (perm.numel() - pos)
             self._epoch_state = SharedEpoch(perm, pos, length)
@@ -236,10 +242,62 @@ class SamplerWithoutReplacement(Sampler):
 
     def sample(self, storage, batch_size: int):
         batch_size = check_batch_size(batch_size)
+        if storage.compilable and self._pin is None and self._epoch_state is None and self._planned is None:
+            return unravel(self._next_in_tensor_epoch(storage, batch_size), storage), {}
         n = check_not_empty(storage)
         if self.drop_last and n < batch_size:
             raise WITHOUT_REPLACEMENT_BATCH.error(batch_size=batch_size, size=n)
         return unravel(self._next_in_epoch(n, batch_size), storage), {}
+
+    def _next_in_tensor_epoch(self, storage, count: int) -> torch.Tensor:
+        """:meth:`_next_in_epoch` for a compilable storage, with tensor ops only (no number read back to the
+        host: one ``torch.compile`` graph). The epoch lives in :attr:`_tensor_epoch`: a permutation of the
+        storage's cells in which the ``length`` cells holding data come first, the cursor and ``length``. A new
+        epoch starts when the length changed or fewer than ``count`` cells are left (``drop_last=True`` is
+        required: a short batch has a shape known only on the device). Each call draws the keys of a candidate
+        epoch (``rand`` + ``argsort`` over the capacity), used only when the epoch ends, so that eager and
+        compiled calls consume the generator alike. A storage holding fewer than ``count`` items fails an
+        async assert (``RuntimeError`` on the CPU; a device-side assert on CUDA)."""
+        if not self.drop_last:
+            raise ValueError(
+                "SamplerWithoutReplacement draws batches of one shape from a storage built with compilable=True, "
+                "so the short last batch of an epoch cannot be returned: build it with drop_last=True (or the "
+                "storage with compilable=False)."
+            )
+        n = check_has_rows(storage)
+        cells = storage.max_size
+        state = self._tensor_epoch
+        if state is None or state.numel() != cells + 2 or state.device != n.device:
+            state = self._tensor_epoch = self._epoch_as_tensor(cells, n.device)
+        perm, pos, length = state[:cells], state[cells], state[cells + 1]
+        torch._assert_async(
+            n >= count, "SamplerWithoutReplacement(drop_last=True): the storage holds fewer items than batch_size"
+        )
+        new = (n != length) | (pos + count > n)
+        positions = torch.arange(cells, device=n.device)
+        if self.shuffle:
+            keys = torch.rand(cells, generator=self._rng, device=n.device, dtype=torch.float64)
+        else:
+            keys = positions.to(torch.float64)
+        fresh = torch.where(positions < n, keys, cells + 2.0).argsort()  # the cells holding data first
+        perm = torch.where(new, fresh, perm)
+        start = torch.where(new, 0, pos)
+        chosen = perm[start + torch.arange(count, device=n.device)]
+        state.copy_(torch.cat([perm, (start + count).reshape(1), n.reshape(1)]))
+        return chosen
+
+    def _epoch_as_tensor(self, cells: int, device) -> torch.Tensor:
+        """The Python epoch in progress (loaded or drawn eagerly) as :attr:`_tensor_epoch`; one that forces a
+        new epoch when there is none."""
+        state = torch.full((cells + 2,), -1, dtype=torch.long)
+        state[:cells] = torch.arange(cells)
+        perm, pos, length = self._perm, self._pos, self._len_storage
+        if perm is not None and length <= cells:
+            rest = perm[pos:]
+            state[:length] = _complete_epoch(rest, length, None)
+            state[cells], state[cells + 1] = length - rest.numel(), length
+        self._perm, self._pos, self._len_storage = None, 0, 0
+        return state.to(device)
 
     def _next_in_epoch(self, n: int, count: int) -> torch.Tensor:
         """The next ``count`` (or fewer, at the end) of an epoch over ``n`` things; sets :attr:`ran_out`.
@@ -290,6 +348,13 @@ class SamplerWithoutReplacement(Sampler):
         ``seed``: the seed a shared epoch derives its permutation from, ``None`` when there is none)."""
         if self._epoch_state is not None:
             return self._epoch_state.snapshot()
+        state = self._tensor_epoch
+        if state is not None:  # drawn from a compilable storage
+            cells = state.numel() - 2
+            pos, length = int(state[cells]), int(state[cells + 1])
+            if length < 0:
+                return None, 0, 0, None
+            return state[:length].cpu(), pos, length, None
         return self._perm, self._pos, self._len_storage, None
 
     @property
@@ -320,6 +385,7 @@ class SamplerWithoutReplacement(Sampler):
                 self._epoch_state.load(perm, length - rest.numel(), length, seed)
         else:
             self._perm, self._pos, self._len_storage = rest, 0, 0 if rest is None else length
+            self._tensor_epoch = None  # rebuilt from this one at the next draw from a compilable storage
 
     def _empty(self) -> None:
         if self._epoch_state is not None:
@@ -329,6 +395,7 @@ class SamplerWithoutReplacement(Sampler):
         self._pos = 0
         self._len_storage = 0
         self._ran_out = False
+        self._tensor_epoch = None
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch in progress and the options, in TorchRL's layout plus ours.

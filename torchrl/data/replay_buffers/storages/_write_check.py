@@ -27,12 +27,16 @@ tensorclasses and pytrees keep a fixed structure: every write must carry all of 
 Casts. An entry keeps the dtype of its first write; later writes are cast to it, and ``torch`` casts silently
 (``7.9`` becomes ``7`` in an int64 entry, ``NaN`` and ``2**70`` become ``INT64_MIN``, ``300`` becomes ``44`` in a
 uint8 entry, ``1e300`` becomes ``inf`` in a float32 one). :func:`check_cast` refuses such writes. Accepted:
-integral floats into integer entries (``3.0`` -> ``3``), ints into float entries, floats into float entries
-(rounding to the stored precision) as long as every value stays in range, and for bool entries only the values
-``0`` and ``1``. The check costs nothing when the dtypes match and is otherwise a few vectorized reductions.
+integral floats into integer entries (``3.0`` -> ``3``), ints into float entries that hold them exactly (every
+int up to ``2**24`` in magnitude for float32, ``2**53`` for float64, ``2**11`` for float16, ``2**8`` for bfloat16,
+and larger ones the dtype happens to represent, such as ``2**40``; ``2**62 + 1`` would become ``2**62`` in a float32
+entry and is refused), floats into float entries (rounding to the stored precision) as long as every value stays in
+range, and for bool entries only the values ``0`` and ``1``. The check costs nothing when the dtypes match and is otherwise a few vectorized reductions.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -101,7 +105,9 @@ class WriteCheck:
         self.keys = list(backing.keys(include_nested=True, leaves_only=True))
         self.key_set = set(self.keys)
 
-    def __call__(self, cursor, data, rows: int, readable: int, last_row: int | None = None, *, batched=False):
+    def __call__(
+        self, cursor, data, rows: int, readable: int, last_row: int | None = None, *, batched=False, ring=None
+    ):
         """Checks a write of ``data`` at ``cursor`` among the first ``rows`` rows; returns
         ``(index, td, keys, appended)``.
 
@@ -117,6 +123,9 @@ class WriteCheck:
 
         Keyword Args:
             batched (bool): ``data`` is already one batch, checked for the reserved key. Defaults to ``False``.
+            ring (tuple, optional): ``(start, n)`` when ``cursor`` holds the ``n`` consecutive ring rows from
+                ``start`` that a writer chose: in bounds by construction (not checked, so no number is read
+                from the index) and counted as appended from the ints. Defaults to ``None``.
 
         Returns:
             ``index``: an int (one item), a 1-D int64 tensor (a batch) or a tuple (cells of an ``ndim > 1``
@@ -137,6 +146,9 @@ class WriteCheck:
         # the cursor (indices)
         if cursor is None:
             index, batch = None, (rows,)
+        elif ring is not None:  # a writer's ring rows (an index tensor): in bounds by construction
+            index = cursor if cursor.device == backing.device else cursor.to(backing.device, non_blocking=True)
+            batch = (index.numel(),)
         elif (
             type(cursor) is torch.Tensor
             and cursor.ndim == 1
@@ -161,7 +173,12 @@ class WriteCheck:
             index = check_bounds(as_index_tensor(cursor, device=backing.device, mask_sizes=masks), rows, "cursor")
             batch = (index.numel(),)
         if last_row is not None:
-            appended = appended_run(index, last_row, backing.batch_size[0])
+            capacity = backing.batch_size[0]
+            if ring is None:
+                appended = appended_run(index, last_row, capacity)
+            else:
+                start, n = ring
+                appended = n if 0 < n < capacity and start == (last_row + 1) % capacity else 0
         if self.members:  # checked member by member against the backing's members
             td = self.codec.encode(data, batch_dims=len(batch))
             check_member_write(backing, td, batch)
@@ -309,6 +326,17 @@ def appended_run(rows, last_row: int, capacity: int) -> int:
     if start + n > capacity:
         expected %= capacity
     return n if values.tobytes() == expected.tobytes() else 0  # ~10x faster than np.array_equal
+
+
+def ring_rows(start: int, n: int, capacity: int) -> tuple[int, int]:
+    """``(highest row, last row)`` of a ring write of ``n >= 1`` consecutive rows from ``start``.
+
+    Examples:
+        >>> ring_rows(8, 3, capacity=10), ring_rows(2, 3, capacity=10)
+        ((9, 0), (4, 4))
+    """
+    end = start + n
+    return (capacity - 1 if end > capacity else end - 1), (end - 1) % capacity
 
 
 # -- items --------------------------------------------------------------------------------------------------------
@@ -464,8 +492,11 @@ def check_cast(src: torch.Tensor, dst_dtype: torch.dtype, what: str) -> None:
     """Raises ``ValueError`` if casting ``src`` to ``dst_dtype`` would change a value beyond rounding.
 
     Refused: NaN, infinite or non-integral floats into an integer entry; values outside the range of the
-    stored dtype (``300`` or ``-1`` into uint8, ``2**70`` into int64, ``1e300`` into float32); values other
-    than ``0``/``1`` into a bool entry; complex values with a non-zero imaginary part into a real entry.
+    stored dtype (``300`` or ``-1`` into uint8, ``2**70`` into int64, ``1e300`` into float32); integers that a
+    float entry cannot represent exactly (``2**24 + 1`` or ``2**62 + 1`` into float32: the cast would give another
+    integer; every int of magnitude up to ``2**24`` is exact in float32, up to ``2**53`` in float64); values other
+    than ``0``/``1`` into a bool entry; complex values with a non-zero imaginary part into a real entry. Floats
+    written into a float entry of lower precision are rounded, as torch rounds them.
 
     Args:
         src (torch.Tensor): the values written.
@@ -494,6 +525,9 @@ def check_cast(src: torch.Tensor, dst_dtype: torch.dtype, what: str) -> None:
         if bad.any():
             raise _refuse(what, src_dtype, dst_dtype, values[bad], "values other than 0 and 1")
         return
+    if (dst_dtype.is_floating_point or dst_dtype.is_complex) and not values.is_floating_point():
+        _check_exact_ints(values, src_dtype, dst_dtype, what)  # ints: the cast must give the same integer
+        return
     if dst_dtype.is_floating_point or dst_dtype.is_complex:  # finite values must stay finite
         overflow = ~torch.isfinite(values.to(dst_dtype)) & torch.isfinite(values)
         if overflow.any():
@@ -516,6 +550,38 @@ def check_cast(src: torch.Tensor, dst_dtype: torch.dtype, what: str) -> None:
         raise _refuse(what, src_dtype, dst_dtype, values[bad], problem)
 
 
+def _exact_int_limit(dtype: torch.dtype) -> int:
+    """The largest ``n`` such that every integer in ``[-n, n]`` is exact in the float (or complex) ``dtype``:
+    ``2**digits`` (``2**24`` for float32, ``2**53`` for float64)."""
+    return 2 ** (1 - int(math.log2(torch.finfo(dtype).eps)))
+
+
+def _check_exact_ints(values: torch.Tensor, src: torch.dtype, dst: torch.dtype, what: str) -> None:
+    """Raises ``ValueError`` unless every integer of ``values`` (a real integer tensor) is exact in ``dst``."""
+    checkable, wrapped = _as_checkable_int(values)
+    limit = _exact_int_limit(dst)
+    lo, hi = checkable.aminmax()
+    if wrapped is None and -limit <= lo.item() and hi.item() <= limit:  # the common case: one reduction
+        return
+    cast = values.to(dst)
+    cast = cast.real if cast.is_complex() else cast
+    wide = checkable.to(torch.int64)
+    # a float is compared as an int64 only inside int64's range (2**63 itself is out of it): exact comparison
+    inside = torch.isfinite(cast) & (cast >= -(2.0**63)) & (cast < 2.0**63)
+    bad = ~inside | (torch.where(inside, cast, 0).to(torch.int64) != wide)
+    if wrapped is not None:  # uint64 values >= 2**63 (negative here): compared in Python, exactly
+        for i in wrapped.nonzero().reshape(-1).tolist():
+            exact = int(values[i].item()) == int(cast[i].item()) if torch.isfinite(cast[i]) else False
+            bad[i] = not exact
+    if bad.any():
+        limit_text = f"2**{limit.bit_length() - 1}"
+        raise _refuse(
+            what, src, dst, values[bad], f"integers it cannot represent exactly (beyond +-{limit_text})",
+            fix=f"Store them in an int64 or float64 entry (the first write into a new storage sets the dtype), or "
+            f"convert them yourself with .to({dst}) to accept the rounding.",
+        )
+
+
 def _range_of(dtype: torch.dtype) -> tuple[float, float] | None:
     """``(lowest, highest)`` finite value of ``dtype`` (``None`` for bool and complex)."""
     if dtype == torch.bool or dtype.is_complex:
@@ -528,6 +594,9 @@ def _fits(src: torch.dtype, dst: torch.dtype) -> bool:
     """Whether every value of ``src`` is representable in ``dst`` up to rounding (no value check needed)."""
     if src == torch.bool:
         return True
+    if not (src.is_floating_point or src.is_complex) and (dst.is_floating_point or dst.is_complex):
+        lo_src, hi_src = _range_of(src)  # ints: every one must be exact in dst (see _check_exact_ints)
+        return max(-lo_src, hi_src) <= _exact_int_limit(dst)
     if dst.is_complex:
         return not src.is_complex or torch.finfo(src).max <= torch.finfo(dst).max
     if src.is_complex or dst == torch.bool:
@@ -539,13 +608,18 @@ def _fits(src: torch.dtype, dst: torch.dtype) -> bool:
     return lo_dst <= lo_src and hi_src <= hi_dst
 
 
-def _refuse(what: str, src: torch.dtype, dst: torch.dtype, values: torch.Tensor, problem: str) -> ValueError:
+def _refuse(
+    what: str, src: torch.dtype, dst: torch.dtype, values: torch.Tensor, problem: str, fix: str | None = None
+) -> ValueError:
     shown = values.reshape(-1)[:_SHOWN].tolist()
+    if fix is None:
+        fix = (
+            f"Write values that {dst} can hold (round or clip them first, e.g. x.round().clamp(lo, hi)), or store "
+            f"them in a wider dtype (the first write into a new storage sets it)."
+        )
     return ValueError(
         f"{what} holds {problem} for the stored dtype {dst} (data dtype {src}), e.g. {shown} "
-        f"({values.numel()} value(s)): the cast would change them silently. Write values that {dst} can hold "
-        f"(round or clip them first, e.g. x.round().clamp(lo, hi)), or store them in a wider dtype (the first "
-        f"write into a new storage sets it). Nothing was written."
+        f"({values.numel()} value(s)): the cast would change them silently. {fix} Nothing was written."
     )
 
 

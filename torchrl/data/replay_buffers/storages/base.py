@@ -47,10 +47,11 @@ class Storage(Component):
         max_size (int): the capacity, counted in items (cells for ``ndim > 1``).
 
     Keyword Args:
-        compilable (bool): accepted for TorchRL compatibility and kept as ``_compilable``; ``True`` changes
-            nothing here. A function calling ``get``/``set`` of a tensor storage gives the same results under
-            :func:`torch.compile` whatever the value (index checks read Python ints, so the graph breaks
-            there: ``fullgraph=True`` is not supported). Defaults to ``False``.
+        compilable (bool): tensor storages (RAM and memory-mapped) keep their length and counters in a tensor
+            on their device (:meth:`len_tensor`), so that a buffer's writes and draws trace into one
+            ``torch.compile(fullgraph=True)`` graph; such a storage stays private to its process (sharing it
+            raises a ``RuntimeError``). See the "On the GPU and under torch.compile" docs page. Other storages
+            accept it for TorchRL compatibility. Defaults to ``False``.
 
     Class attributes:
         ndim (int): the number of leading dimensions that index items. Defaults to ``1``.
@@ -80,10 +81,15 @@ class Storage(Component):
     _checkpointer: StorageCheckpointerBase | None = None
 
     _compilable: bool = False
+    #: Whether the storage was built with ``compilable=True`` (tensor storages then keep their counters as
+    #: tensors on their device: see :meth:`len_tensor` and the "On the GPU and under torch.compile" docs page);
+    #: ``_compilable`` is TorchRL's name of it. A plain attribute: reading it runs no code.
+    compilable: bool = False
 
     def __init__(self, max_size: int, *, compilable: bool = False):
         self.max_size = _check_max_size(max_size)
         self._compilable = False if compilable is None else check_bool("compilable", compilable)
+        self.compilable = self._compilable
         self._attached_entities: list[Any] = []
 
     # -- contract ------------------------------------------------------------------------------------------
@@ -143,7 +149,9 @@ class Storage(Component):
         for entity in self._attached_entities:
             entity.mark_update(index)
 
-    def write_rows(self, rows, data, *, counted=None, track_generations: bool = False, set_cursor: bool = True):
+    def write_rows(
+        self, rows, data, *, counted=None, track_generations: bool = False, set_cursor: bool = True, ring=None
+    ):
         """A writer's write: :meth:`set` ``data`` at ``rows``, then count it in :meth:`slot_generations`.
 
         The call a writer makes once it chose the rows (it then moves its cursor and calls :meth:`mark_update`):
@@ -159,6 +167,11 @@ class Storage(Component):
             track_generations (bool): allocate the generations if the storage does not keep them yet (a writer
                 built with ``track_generations=True``). Defaults to ``False``.
             set_cursor (bool): see :meth:`set`. Defaults to ``True``.
+            ring (tuple, optional): ``(start, n)`` when ``rows`` (a 1-D index) are the ``n`` consecutive rows
+                from ``start`` of a ring write, wrapping at the rows the storage cycles over (what a
+                :class:`~torchrl.data.RoundRobinWriter` writes). A tensor storage then skips the bounds check and
+                counts the write from ``start`` and ``n`` (no number read from the index: no host sync); a
+                compilable one counts it with tensor ops (``start`` a 0-d tensor). Defaults to ``None``.
 
         Examples:
             >>> import torch
@@ -168,9 +181,28 @@ class Storage(Component):
             >>> storage.slot_generations().tolist()
             [0, 0, -1, -1]
         """
-        self.set(rows, data, set_cursor=set_cursor)
+        self._write_rows(rows, data, set_cursor, ring)
         if track_generations or self._slot_generations is not None:
             self.bump_generations(rows if counted is None else counted, allocate=track_generations)
+
+    def _write_rows(self, rows, data, set_cursor: bool, ring) -> None:
+        """The :meth:`set` of :meth:`write_rows` (tensor storages use ``ring``)."""
+        self.set(rows, data, set_cursor=set_cursor)
+
+    def read_rows(self, index):
+        """Reads the items at ``index``, drawn by one of this package's samplers (``Sampler.draws_in_bounds``):
+        :meth:`get` without the bounds check a tensor storage makes on other indices (it reads numbers from the
+        index: a host sync). What a buffer's ``sample`` calls.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage
+            >>> storage = LazyTensorStorage(4)
+            >>> storage.set(torch.arange(3), torch.arange(3) * 10)
+            >>> storage.read_rows(torch.tensor([2, 0]))
+            tensor([20,  0])
+        """
+        return self.get(index)
 
     # -- slot generations (kept here so every writer of the storage bumps the same counts) ----------------------
     # NOTE [slot generations]: the write count of each storage row lives on the storage (``slot_generations``),
@@ -259,6 +291,29 @@ class Storage(Component):
     def _max_size_along_dim0(self, *, single_data=None, batched_data=None) -> int:
         """The number of rows the ring buffer cycles over (``max_size`` for 1-D storages)."""
         return self.max_size
+
+    def len_tensor(self) -> torch.Tensor:
+        """``len(self)`` as a 0-d int64 tensor on the storage's device (CPU for storages without one).
+
+        What samplers read on paths that must not read a number back to the host: a compilable tensor storage
+        keeps its length as this tensor (updated in place by writes, traced by ``torch.compile``); other storages
+        build it from ``len()``.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage
+            >>> storage = LazyTensorStorage(10)
+            >>> storage.set(torch.arange(3), torch.zeros(3, 2))
+            >>> storage.len_tensor()
+            tensor(3)
+        """
+        device = getattr(self, "device", None)
+        return torch.tensor(len(self), dtype=torch.long, device=device if device is not None else "cpu")
+
+    @property
+    def has_rows(self) -> bool:
+        """Whether the storage holds an item (``len(self) > 0``), read without a host sync."""
+        return len(self) > 0
 
     @property
     def _is_full(self) -> bool:

@@ -38,8 +38,8 @@ class LazyTensorStorage(TensorStorage):
         device (torch.device or str): where the data lives; ``"auto"`` takes the first datum's device.
             Defaults to ``"cpu"``.
         ndim (int): how many leading dims index items. Defaults to ``1``.
-        compilable (bool): accepted for TorchRL compatibility (see :class:`~torchrl.data.Storage`).
-            Defaults to ``False``.
+        compilable (bool): keep the counters as a tensor on the storage's device, for compiled writes and draws
+            (see :class:`~torchrl.data.Storage`); not with ``shared_init``. Defaults to ``False``.
         shared_init (bool): let the first write come from any process that shares the storage (DataLoader
             workers, ``multiprocessing`` children started before any write). The storage is shared from
             construction; the first writer allocates memory-mapped files in a temporary directory that this

@@ -58,8 +58,9 @@ class LazyMemmapStorage(LazyTensorStorage):
         ndim (int): how many leading dims index items. Defaults to ``1``.
         existsok (bool): whether files already present in ``scratch_dir`` may be overwritten at allocation.
             Defaults to ``False`` (a clear error instead).
-        compilable (bool): accepted for TorchRL compatibility (see :class:`~torchrl.data.Storage`).
-            Defaults to ``False``.
+        compilable (bool): keep the counters as a tensor, private to this process (the files are not shared with
+            other processes then), for compiled writes and draws (see :class:`~torchrl.data.Storage`); the first
+            write, which makes the files, runs eagerly. Defaults to ``False``.
         shared_init (bool): let the first write come from any process that shares the storage; the files go to
             ``scratch_dir`` or to a temporary directory created at construction (see
             :class:`~torchrl.data.LazyTensorStorage`). Defaults to ``False``.
@@ -132,7 +133,8 @@ class LazyMemmapStorage(LazyTensorStorage):
             shared_init=shared_init,
             max_string_bytes=max_string_bytes,
         )
-        self._make_shared()  # files are shared by every process that opens them: so are the counters
+        if not self._compilable:  # compilable: counters private to this process (see TensorCounters)
+            self._make_shared()  # files are shared by every process that opens them: so are the counters
         register_memmap_storage(self)  # the _MEMMAP_STORAGE_REGISTRY view (auto-cleanup storages only)
         if self.shared_init and self.scratch_dir is not None:
             self._auto_remove(self.scratch_dir)  # the first writer may be another process: own it from here

@@ -41,6 +41,7 @@ from torchrl.data.replay_buffers._checkpoint.parts import PartContext, mismatch
 from torchrl.data.replay_buffers._shared.counters import SharedCounters, is_spawning
 from torchrl.data.replay_buffers._shared.lock import NULL_LOCK, ProcessLock
 from torchrl.data.replay_buffers._shared.row_versions import RowVersions
+from torchrl.data.replay_buffers._shared.tensor_counters import TensorCounters
 from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer
 from torchrl.data.replay_buffers.errors import CheckpointError
 from torchrl.data.replay_buffers.storages._codec import DataCodec
@@ -58,6 +59,7 @@ from torchrl.data.replay_buffers.storages._write_check import (
     cells_index,
     check_reserved,
     is_ragged_stack,
+    ring_rows,
 )
 from torchrl.data.replay_buffers.storages.base import CheckedWrite, Storage, _check_max_size
 
@@ -112,8 +114,8 @@ class TensorStorage(Storage):
             concurrent write changed during a batch read, so that no sampled row mixes two writes (see
             :ref:`the write and read guarantees <shared-writes>`). Costs a few microseconds per batch; only
             shared CPU storages pay it. Defaults to ``True``.
-        compilable (bool): accepted for TorchRL compatibility (see :class:`~torchrl.data.Storage`).
-            Defaults to ``False``.
+        compilable (bool): keep the counters as a tensor on the storage's device, for compiled writes and draws
+            (see :class:`~torchrl.data.Storage`). Defaults to ``False``.
 
     A storage built over preallocated data counts every row as filled: it wraps a dataset that can be sampled
     at once. A buffer writing into it starts at row 0 and overwrites the rows in turn.
@@ -155,8 +157,13 @@ class TensorStorage(Storage):
         self.device = torch.device(device) if device not in (None, "auto") else device
         if storage is None and max_size is None:
             raise STORAGE_NONE.error()
-        self._counters = SharedCounters(_COUNTERS)
+        if self._compilable:  # the counters as a tensor on the data's device (see _write_ring_tensor)
+            on = self.device if isinstance(self.device, torch.device) else None
+            self._counters = TensorCounters(_COUNTERS, device=on)
+        else:
+            self._counters = SharedCounters(_COUNTERS)
         self._counters["last_row"] = -1
+        self._holds_rows = False  # compilable storages: whether len() > 0, known on the host (see has_rows)
         self.is_shared = False
         self._storage: TensorDictBase | None = None
         self._share_on_init = False
@@ -180,6 +187,7 @@ class TensorStorage(Storage):
             # a preallocated storage holds a dataset: every row counts as filled
             self._counters["rows"] = self._counters["written"] = backing.batch_size[0]
             self._counters["last_row"] = backing.batch_size[0] - 1
+            self._holds_rows = backing.batch_size[0] > 0
         else:
             super().__init__(max_size, compilable=self._compilable)
 
@@ -201,6 +209,8 @@ class TensorStorage(Storage):
             backing.share_memory_()
         if self._counters.is_shared and backing.device.type == "cpu" and self._versions is None:
             self._versions = RowVersions(backing.batch_size[0])
+        if self._compilable:
+            self._counters.to(backing.device)
         self._storage = backing
         self._use_codec(codec)
         self._extra_shape = backing.batch_size[1 : self.ndim]
@@ -368,6 +378,18 @@ class TensorStorage(Storage):
         rows = self._counters.cells[_ROWS]
         return rows * math.prod(self._extra_shape) if self.ndim > 1 else rows
 
+    def len_tensor(self) -> torch.Tensor:
+        if not self._compilable:
+            return super().len_tensor()
+        rows = self._counters.tensor[_ROWS]  # the storage's own counter: no host sync, traced by torch.compile
+        return rows * math.prod(self._extra_shape) if self.ndim > 1 else rows
+
+    @property
+    def has_rows(self) -> bool:
+        if self._compilable:  # known on the host: len() would read the device counter
+            return self._holds_rows
+        return self._counters.cells[_ROWS] > 0
+
     # -- writes -------------------------------------------------------------------------------------------------
     #: The lock that serializes writes from every thread and process sharing this storage: a
     #: :class:`~torchrl.data.replay_buffers._shared.lock.ProcessLock` once the storage is shared (memory-mapped
@@ -403,14 +425,17 @@ class TensorStorage(Storage):
         the length or the newest row (``set(index, value, set_cursor=False)`` may also write new rows)."""
         self._locked_write(index, value, False, filled_only=True)
 
-    def _locked_write(self, cursor, data, set_cursor: bool, filled_only: bool) -> None:
+    def _write_rows(self, rows, data, set_cursor: bool, ring) -> None:
+        self._locked_write(rows, data, set_cursor, False, ring)
+
+    def _locked_write(self, cursor, data, set_cursor: bool, filled_only: bool, ring=None) -> None:
         lock = self._lock
         if lock is None:
-            return self._write(cursor, data, set_cursor, filled_only)
+            return self._write(cursor, data, set_cursor, filled_only, ring)
         if isinstance(data, list):  # a list of items is stacked before the lock, which stays short
             data = as_batch(data)
         with lock:
-            return self._write(cursor, data, set_cursor, filled_only)
+            return self._write(cursor, data, set_cursor, filled_only, ring)
 
     def check_write(self, data, n: int) -> CheckedWrite | None:
         check = self._check
@@ -419,11 +444,15 @@ class TensorStorage(Storage):
         # a write of other keys than the stored ones may grow the backing: checked again under the lock
         return check.prepare(data, n)
 
-    def _write(self, cursor, data, set_cursor: bool, filled_only: bool = False) -> None:
+    def _write(self, cursor, data, set_cursor: bool, filled_only: bool = False, ring=None) -> None:
         """One write, under the write lock: checked in one pass (NOTE [one pass checks a write] in
-        ``_write_check.py``), copied, then counted."""
+        ``_write_check.py``), copied, then counted. ``ring``: ``(start, n)`` of a writer's ring write (see
+        :meth:`~torchrl.data.Storage.write_rows`), whose rows need no bounds check and whose bookkeeping needs
+        no number read from ``cursor``."""
         if self._storage is None:
             data = self._first_write(cursor, data)
+        if ring is not None and self._compilable and set_cursor:
+            return self._write_ring_tensor(cursor, data, ring)
         cells = self._counters.cells
         readable = max(cells[_ROWS], cells[_WRITTEN])  # rows holding data, set_cursor=False writes included
         capacity = self._storage.batch_size[0]
@@ -431,7 +460,7 @@ class TensorStorage(Storage):
         rows = readable if filled_only else capacity
         # appends (see append_state) are counted only by writes that move the newest row
         last_row = cells[_LAST_ROW] if set_cursor else None
-        index, td, keys, appended = self._check(cursor, data, rows, readable, last_row)
+        index, td, keys, appended = self._check(cursor, data, rows, readable, last_row, ring=ring)
         backing = self._storage
         versions = self._versions
         if isinstance(index, int):  # one item
@@ -461,7 +490,10 @@ class TensorStorage(Storage):
                         src = src.to(device=dst.device, dtype=dst.dtype)
                     dst.index_copy_(0, index, src)
             # the last row written is the newest (a wrapped write [8, 9, 0, 1] ends at row 1)
-            top, last = (int(index.max()), int(index[-1])) if index.numel() else (-1, -1)
+            if ring is not None:
+                top, last = ring_rows(*ring, capacity)
+            else:
+                top, last = (int(index.max()), int(index[-1])) if index.numel() else (-1, -1)
         if versions is not None:
             versions.end()
         # the counters, as _bump_revision publishes them (revision last); set_cursor=False skips the length and
@@ -469,6 +501,7 @@ class TensorStorage(Storage):
         if set_cursor:
             if top >= cells[_ROWS]:
                 cells[_ROWS] = top + 1
+                self._holds_rows = True
             if last >= 0:
                 cells[_LAST_ROW] = last
         if top >= cells[_WRITTEN]:
@@ -480,6 +513,40 @@ class TensorStorage(Storage):
         cells[_REVISION] += 1
         if self.shared_init_state is not None:
             self._publish_shared_init()
+
+    def _write_ring_tensor(self, index: torch.Tensor, data, ring) -> None:
+        """A writer's ring write into a compilable storage: ``n`` rows from ``start`` (a 0-d tensor), checked
+        (keys, shapes, casts: decided by shapes, no host sync), copied, and counted with tensor ops on
+        :attr:`TensorCounters.tensor` (what :meth:`_write` does with Python ints), so the whole write traces into
+        one ``torch.compile`` graph."""
+        start, n = ring
+        backing = self._storage
+        capacity = backing.batch_size[0]
+        index, td, keys, _ = self._check(index, data, capacity, capacity, None, ring=ring)
+        if keys is None:
+            backing[index] = td
+        else:
+            for key in keys:
+                dst = backing.get(key)
+                src = td.get(key)
+                if src.dtype != dst.dtype or src.device != dst.device:
+                    src = src.to(device=dst.device, dtype=dst.dtype)
+                dst.index_copy_(0, index, src)
+        counters = self._counters.tensor
+        rows, last_row, revision, written, appended, append_break = counters.unbind()
+        end = start + n
+        top = end.clamp(max=capacity)  # the highest row written, plus one
+        if 0 < n < capacity:  # an append when it starts right after the newest row (see append_state)
+            append = start == (last_row + 1) % capacity
+            appended = appended + append * n
+            append_break = torch.where(append, append_break, revision + 1)
+        else:
+            append_break = revision + 1
+        counters.copy_(torch.stack([
+            torch.maximum(rows, top), (end - 1) % capacity, revision + 1, torch.maximum(written, top), appended,
+            append_break,
+        ]))  # fmt: skip
+        self._holds_rows = True
 
     def _first_write(self, cursor, data):
         """Allocates the backing for the first write (or maps the one another process allocated, for a
@@ -615,6 +682,20 @@ class TensorStorage(Storage):
             return self._gather_consistent(backing, index, index.numpy())
         return self._gather(backing, index)
 
+    def read_rows(self, index):
+        if (
+            type(index) is not torch.Tensor
+            or index.ndim != 1
+            or index.dtype is not torch.long
+            or self._storage is None
+            or index.device != self._storage.device
+        ):
+            return self.get(index)
+        # a sampler's draw: in bounds by construction
+        if self._versions is not None and self.consistent_reads:
+            return self._gather_consistent(self._storage, index, index.numpy())
+        return self._gather(self._storage, index)
+
     def _select(self, backing: TensorDictBase, index: torch.Tensor):
         """The rows ``index`` of ``backing``: a tensor for tensor data, else a TensorDict (not decoded)."""
         if self._codec.kind == "tensor":
@@ -700,6 +781,8 @@ class TensorStorage(Storage):
         which must then come from the process that called this method. From then on writes take
         :attr:`write_lock`, and the buffers using the storage share their writer's cursor too.
         """
+        if self._compilable:  # checked before anything moves to shared memory
+            self._counters.share_memory_()  # raises: a compilable storage stays in this process
         self._share_on_init = True
         backing = self._storage
         if (
@@ -742,6 +825,7 @@ class TensorStorage(Storage):
         with self.write_lock:
             self._counters["rows"] = self._counters["written"] = 0
             self._counters["last_row"] = -1
+            self._holds_rows = False
             self._bump_revision()
 
     def _layout_checkpointer(self):
@@ -788,6 +872,7 @@ class TensorStorage(Storage):
             self._use_codec(codec)
             self._counters["rows"] = self._counters["written"] = int(state_dict["_len"])
             self._counters["last_row"] = int(state_dict.get("_last_row", int(state_dict["_len"]) - 1))
+            self._holds_rows = int(state_dict["_len"]) > 0
             self._bump_revision()
         self._publish_shared_init()
 
@@ -898,6 +983,7 @@ class TensorStorage(Storage):
         self._use_codec(codec)
         self._counters["rows"], self._counters["last_row"] = doc["rows"], doc["last_row"]
         self._counters["written"] = doc["rows"]
+        self._holds_rows = doc["rows"] > 0
         self._bump_revision()
         self._publish_shared_init()
 

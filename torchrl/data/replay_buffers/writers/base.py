@@ -18,6 +18,7 @@ import torch
 from torchrl.data.replay_buffers._checkpoint.parts import PartContext, check_state_counters
 from torchrl.data.replay_buffers._checkpoint.validate import check_int_field
 from torchrl.data.replay_buffers._shared.counters import SharedCounters
+from torchrl.data.replay_buffers._shared.tensor_counters import COMPILABLE_SHARED, TensorCounters
 from torchrl.data.replay_buffers.component import Component
 
 # the positions of the writer's counters in ``SharedCounters.cells`` (see Writer._init_counters)
@@ -33,7 +34,7 @@ class Writer(Component):
     """
 
     _storage = None
-    _compilable: bool = False  # TorchRL's `compilable=` keyword, accepted for compatibility (no effect here)
+    _compilable: bool = False  # TorchRL's `compilable=` keyword (the ring writers keep tensor counters with it)
     tracks_generations: bool = False
     _rng: torch.Generator | None = None
     _counters: SharedCounters | None = None  # "cursor" and "write_count", for writers that keep them
@@ -58,6 +59,21 @@ class Writer(Component):
         """Gives the writer a cursor and a write count, both ``0`` (see :attr:`cursor`, :attr:`write_count`), at
         the positions ``CURSOR`` and ``WRITE_COUNT`` of ``self._counters.cells``."""
         self._counters = SharedCounters(("cursor", "write_count"))
+
+    def _use_tensor_counters(self, storage) -> None:
+        """Moves the cursor and the write count (values kept) into a tensor on ``storage``'s device, for
+        compiled writes (see :class:`~torchrl.data.replay_buffers._shared.tensor_counters.TensorCounters`)."""
+        device = getattr(storage, "device", None)
+        device = device if isinstance(device, torch.device) else None
+        counters = self._counters
+        if isinstance(counters, TensorCounters):
+            counters.to(device if device is not None else counters.tensor.device)
+            return
+        if counters.is_shared:
+            raise COMPILABLE_SHARED.error(what="writer")
+        values = counters.as_dict()
+        self._counters = TensorCounters(tuple(values), device=device, what="writer")
+        self._counters.load_dict(values)
 
     @property
     def cursor(self) -> int:

@@ -20,7 +20,10 @@ class RoundRobinWriter(Writer):
     cursor; a buffer holds the storage's write lock around each write.
 
     Args:
-        compilable (bool): accepted for TorchRL compatibility; no effect here. Defaults to ``False``.
+        compilable (bool): keep the cursor and the write count in a tensor on the storage's device, so that
+            :meth:`extend` traces into one ``torch.compile(fullgraph=True)`` graph (see the "On the GPU and under
+            torch.compile" docs page). A writer of a storage built with ``compilable=True`` does so whatever this
+            flag. Such a writer cannot be shared with other processes. Defaults to ``False``.
 
     Keyword Args:
         track_generations (bool): count the writes of each slot, so that :meth:`generations_of` tells a
@@ -52,6 +55,8 @@ class RoundRobinWriter(Writer):
     def register_storage(self, storage) -> None:
         """Sets the storage; a writer that tracks generations makes the storage keep them (see NOTE [slot
         generations] in :mod:`torchrl.data.replay_buffers.storages.base`)."""
+        if self._compilable or storage.compilable:  # the counters as a tensor beside the data (see _extend_tensor)
+            self._use_tensor_counters(storage)
         super().register_storage(storage)
         pending, self._pending_generations = self._pending_generations, None
         if pending is not None:  # loaded before the writer had a storage
@@ -120,6 +125,9 @@ class RoundRobinWriter(Writer):
         storage = self._storage
         if storage is None:
             storage = self._require_storage()  # raises
+        if storage.compilable:  # never shared: no lock to take
+            n = batch_len(data)
+            return self._extend_tensor(storage, data, n) if n else torch.zeros((0,), dtype=torch.long)
         if isinstance(data, _Prepared):
             with storage.write_lock:
                 return self._extend_prepared(storage, data)
@@ -135,22 +143,48 @@ class RoundRobinWriter(Writer):
         index = (torch.arange(n) + cursor) % rows
         if n > rows:  # only the last `rows` items survive a write larger than the storage
             data = take_last(data, rows)
-            written = index[-rows:]
+            written, ring = index[-rows:], ((cursor + n - rows) % rows, rows)
         else:
-            written = index
+            written, ring = index, (cursor, n)
         # every repetition of a row counts in its generation
         storage.write_rows(
-            written, self._prepare(data, written), counted=index, track_generations=self.tracks_generations
-        )
+            written, self._prepare(data, written), counted=index, track_generations=self.tracks_generations,
+            ring=ring,
+        )  # fmt: skip
         return self._advance(storage, cursor, n, rows, index, written)
+
+    def _extend_tensor(self, storage, data, n: int) -> torch.Tensor:
+        """:meth:`_extend` with the cursor a 0-d tensor (compilable storages): the same rows, no number read back
+        to the host, traced whole by ``torch.compile``."""
+        rows = storage._max_size_along_dim0(batched_data=data)
+        counters = self._counters.tensor
+        cursor = counters[CURSOR] % rows
+        index = (torch.arange(n, device=counters.device) + cursor) % rows
+        if n > rows:  # only the last `rows` items survive a write larger than the storage
+            data = take_last(data, rows)
+            written, ring = index[-rows:], ((cursor + (n - rows)) % rows, rows)
+        else:
+            written, ring = index, (cursor, n)
+        storage.write_rows(
+            written, self._prepare(data, written), counted=index, track_generations=self.tracks_generations,
+            ring=ring,
+        )  # fmt: skip
+        counters.copy_(torch.stack([(cursor + n) % rows, counters[WRITE_COUNT] + n]))
+        if storage.ndim > 1:
+            written, index = self._replicate_index(written), self._replicate_index(index)
+        storage.mark_update(written)
+        return index
 
     def _extend_prepared(self, storage, prepared: _Prepared) -> torch.Tensor:
         n, rows = prepared.n, prepared.rows
         cursor = self._counters.cells[CURSOR] % rows
         index = (torch.arange(n) + cursor) % rows
         written = index[-rows:] if n > rows else index
+        ring = ((cursor + n - rows) % rows, rows) if n > rows else (cursor, n)
         self._place(prepared.checked.data, written)
-        storage.write_rows(written, prepared.checked, counted=index, track_generations=self.tracks_generations)
+        storage.write_rows(
+            written, prepared.checked, counted=index, track_generations=self.tracks_generations, ring=ring
+        )
         return self._advance(storage, cursor, n, rows, index, written)
 
     def _place(self, data, index) -> None:
