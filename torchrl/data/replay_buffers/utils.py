@@ -25,6 +25,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 
 from torchrl._phrases import TorchRLPhrase
 from torchrl.data.replay_buffers.errors import ValueRuntimeError
+from torchrl.data.replay_buffers.loading.pinning import pin_host_memory
 from torchrl.data.replay_buffers.ted import (
     DEFAULT_DONE_KEYS,
     Flat2TED,
@@ -117,10 +118,7 @@ def has_nontensor(td: TensorDictBase) -> bool:
 
 
 def _pin(value):
-    pin = getattr(value, "pin_memory", None)
-    if pin is None or not torch.cuda.is_available():  # pinning needs an accelerator runtime
-        return value
-    return pin()
+    return pin_host_memory(value)  # host leaves only, and only with an accelerator runtime
 
 
 def pin_memory_output(fun: Callable) -> Callable:

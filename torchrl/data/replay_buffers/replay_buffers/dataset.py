@@ -311,6 +311,11 @@ class ReplayBufferDataset(IterableDataset):
         the DataLoader that reads it, so a DataLoader built with a ``batch_size`` (torch's default is 1) silently
         stacks the batches into ``[batch_size, B]``; this method is the way not to get that wrong.
 
+        ``pin_memory=True`` gives batches whose every leaf is in pinned memory, ready for
+        ``batch.to("cuda", non_blocking=True)``: torch's pin-memory thread pins each TensorDict batch in the main
+        process as it arrives (a worker's batch crosses processes in shared memory, which is not pinned). Without an
+        accelerator, torch warns and pins nothing. See :ref:`gpu-and-compile`.
+
         This is for the default :meth:`items` (one batch per item). A subclass whose items are single items
         (e.g. :class:`~torchrl.modules.llm.TorchRLBufferDataset`) is read by a DataLoader with a batch size of
         its own: build that DataLoader directly.
