@@ -96,6 +96,8 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
 
     requires_shared_state = True
     can_share_state = True
+    draws_in_bounds = False  # (not PrioritizedSampler's: slices are read with the checked path)
+    _tensor_kernel_ok = False  # it reads the numpy trees: the torch kernel is PrioritizedSampler's only
 
     def __init__(
         self,
@@ -271,6 +273,8 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
             count=count,
             count_float=count.double() * _BELOW_ONE,
             n_float=starts.numel() * _BELOW_ONE,
+            # a start drawn among the steps followed by a full slice: no slice leaves its trajectory
+            all_full=self.strict_length and self._span_steps(slice_len)[1] == 0,
         )
 
     def can_sample(self, storage, batch_size: int) -> bool:

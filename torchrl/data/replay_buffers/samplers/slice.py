@@ -5,10 +5,39 @@ taken from one trajectory and never crossing a trajectory boundary, the ring-buf
 to the oldest) or, for ``ndim=2`` storages, an env column. Trajectories are found from a trajectory-id entry
 or from done flags (see :mod:`torchrl.data.replay_buffers.trajectories` for the data model); the sampler then picks trajectories
 uniformly and a uniform start inside each one.
+
+NOTE [host syncs of slice draws]
+Once the trajectory index is up to date, a draw reads no number back from the storage's device: one float64
+uniform per slice picks the trajectory and the start (scaled by counts the index holds: :class:`_Eligible`, kept
+per index and slice length), the steps are ``start + arange(slice_len)`` and the flags are gathers. The index is
+up to date:
+
+- on a 1-D CPU tensor storage, with the live index (NOTE [live trajectory index]): appends are caught up on the
+  host (numpy), so a draw right after an append makes no sync either;
+- on a 1-D tensor storage on an accelerator with ``strict_length=True``, with the dense index (NOTE [dense
+  trajectory index] in ``trajectories/dense_index.py``): fixed-shape tensors found again after each write without
+  reading anything back, so a draw right after a write makes no sync either, except that whether a trajectory
+  holds a slice is read back when the index is first built, after a write that is not an append, and when the
+  ring overwrites the trajectory that said so (about once per lap of the ring);
+- on any other tensor storage (``ndim=2``, ``strict_length=False`` off the CPU, a layout neither index follows),
+  with the boundaries found in the whole storage, kept until the storage's write revision changes whatever
+  ``cache_values``: the first draw after a write finds them again (``unique``, ``nonzero``: host syncs), the
+  draws after it make none;
+- a ``compilable=True`` storage keeps its counters (write revision, length) as a tensor on its device, where
+  reading them syncs: the sampler keeps its boundaries until it hears of a write (``add``, ``extend``,
+  ``mark_update``, which the buffer calls, or ``empty``) and reads the counters only then. Write such a storage
+  through the buffer, or call ``sampler.mark_update(index, storage=storage)`` after a ``storage.set``.
+
+Left by contract: with ``strict_length=False``, when a slice may leave its trajectory (a trajectory shorter than
+the slice, or a span), the steps outside are dropped or padded, so the batch size or the presence of the
+``("collector", "mask")`` entry depends on the data (one sync). A generator on another device than the storage
+has its uniforms copied there. :class:`SliceSamplerWithoutReplacement` (the epoch order) and
+:class:`PrioritizedSliceSampler` (the priority trees) draw on the host and copy their picks to a device storage.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +49,12 @@ from torchrl._validation import check_positive_int
 from torchrl.data.replay_buffers.errors import TypeRuntimeError, ValueRuntimeError
 from torchrl.data.replay_buffers.samplers._slice_args import SliceArgs
 from torchrl.data.replay_buffers.samplers._stable_items import unstable_items_error
-from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, check_not_empty
+from torchrl.data.replay_buffers.samplers.base import (
+    Sampler,
+    check_batch_size,
+    check_has_rows,
+    check_not_empty,
+)
 from torchrl.data.replay_buffers.storages.compressed import CompressedListStorage
 from torchrl.data.replay_buffers.storages.list import ListStorage
 from torchrl.data.replay_buffers.storages.stack import LazyStackStorage
@@ -31,6 +65,7 @@ from torchrl.data.replay_buffers.trajectories.columns import (
     read_column,
     read_ring_range,
 )
+from torchrl.data.replay_buffers.trajectories.dense_index import DenseEligible, DenseTrajectories
 from torchrl.data.replay_buffers.trajectories.ends import find_trajectories, format_lengths
 from torchrl.data.replay_buffers.trajectories.keys import DONE_KEY, sibling_key, trajectory_keys
 from torchrl.data.replay_buffers.trajectories.layout import TrajectoryIndex, ring_layout
@@ -102,6 +137,7 @@ class _Eligible:
     count: torch.Tensor
     count_float: torch.Tensor  # count, as float64 shrunk by 2**-52 so that floor(u * count_float) < count
     n_float: float  # number of trajectories, shrunk the same way
+    all_full: bool = False  # every slice lies inside its trajectory (nothing clamped, dropped or padded)
 
     @property
     def size(self) -> int:
@@ -186,8 +222,19 @@ class SliceSampler(Sampler):
     parent of DataLoader workers, collectors writing into a shared storage) are caught up in ``O(k)`` too;
     anything else (``storage.set`` elsewhere than after the newest row, ``empty``, a load, more rows than the
     ring holds) rebuilds it from the whole storage, so draws are always those of the stored content. The draws
-    are the same as a search of the whole storage gives, for the same generator state. Other storages (``ndim=2``, lists, accelerators) find
-    the boundaries in the whole storage, cached with ``cache_values``.
+    are the same as a search of the whole storage gives, for the same generator state. A 1-D tensor storage on an
+    accelerator finds them again after each write as fixed-shape tensors, without reading a number back (with
+    ``strict_length=True``; the same draws). Other storages (``ndim=2``, lists) find the boundaries in the whole
+    storage: a tensor storage keeps them until it is written again, a list storage with ``cache_values``.
+
+    Draws between writes make no host sync on any device, nor do draws right after appends to a 1-D tensor
+    storage (on an accelerator: with ``strict_length=True``, and for a read about once per lap of the ring); the
+    first draw after a write to another storage finds the boundaries again and syncs.
+    A ``compilable=True`` storage is read again only after a write notification (the buffer sends them; after a
+    direct ``storage.set``, call :meth:`mark_update`).
+    ``strict_length=False`` with a span or with trajectories shorter than the slice syncs once per draw (the
+    batch's size, or whether it holds a mask, depends on the data). See NOTE [host syncs of slice draws] in
+    ``samplers/slice.py``.
 
     Keyword Args:
         num_slices (int, optional): slices per batch; the slice length is ``batch_size // num_slices``.
@@ -214,7 +261,9 @@ class SliceSampler(Sampler):
         trajectories (Tensor, optional): static trajectory ids, as ``ends``. Defaults to ``None``.
         cache_values (bool): keep the trajectory boundaries between calls, until the storage is written again
             (keyed on the storage's write revision). Storages with the live index (see above) keep them
-            whatever its value, updated on writes instead of forgotten. Defaults to ``False``.
+            whatever its value, updated on writes instead of forgotten, and other tensor storages keep the last
+            ones found until the write revision changes, so it changes what is computed only for list storages
+            (keyed on their length). Defaults to ``False``.
         truncated_key (NestedKey, optional): the info entry marking the last step of each slice; its
             ``"done"`` and ``"terminated"`` siblings (the key with its last element replaced, e.g.
             ``("next", "done")`` for the default, ``"done"`` for ``truncated_key="truncated"``) are returned
@@ -288,11 +337,19 @@ class SliceSampler(Sampler):
     """
 
     requires_shared_state = False
-    # the from-scratch boundaries, forgotten at every write (see Sampler); the live index (_live) is kept up to
-    # date by the writes instead, and a copy in another process builds its own (see __getstate__)
+    # the from-scratch boundaries with cache_values, forgotten at every write (see Sampler); the live index (_live)
+    # is kept up to date by the writes instead, and the last boundaries without cache_values (_revision_bounds,
+    # NOTE [host syncs of slice draws]) are keyed on the write revision; a copy in another process builds its own
+    # (see __getstate__)
     _derived_state = ("_cache",)
     _live: TrajectorySync | None = None
     _live_bounds: _Boundaries | None = None
+    _revision_bounds: tuple[weakref.ref, _Boundaries] | None = None
+    # compilable storages: (storage, _writes_heard when found, boundaries), and the write notifications heard
+    _bounds_until_write: tuple[weakref.ref, int, _Boundaries] | None = None
+    _writes_heard = 0
+    # the last dense index (NOTE [dense trajectory index]): (storage, revision, appended rows, index, source)
+    _dense_label: tuple | None = None
     _multiplier = 1
 
     def __init__(
@@ -328,6 +385,10 @@ class SliceSampler(Sampler):
         self.compile = args.compile  # accepted for TorchRL compatibility; no effect (see docstring)
         self.use_gpu = args.use_gpu  # idem
         self._cache: _Boundaries | None = None
+        self._revision_bounds: tuple[weakref.ref, _Boundaries] | None = None  # (storage, its boundaries)
+        self._bounds_until_write: tuple[weakref.ref, int, _Boundaries] | None = None
+        self._writes_heard = 0
+        self._dense_label: tuple | None = None
         self._templates: dict = {}
         self._multiplier = 1
         self._live: TrajectorySync | None = None  # NOTE [live trajectory index]; per process, never pickled
@@ -408,6 +469,20 @@ class SliceSampler(Sampler):
             raise unstable_items_error(self, storage)
         if self._static is None:  # the trajectories are read from the stored entries
             _check_tensordict_storage(self, storage)
+        if not getattr(storage, "compilable", False):
+            return self._current_boundaries(storage)
+        # a compilable storage keeps its counters (revision, length) on its device, where reading them syncs: the
+        # boundaries are kept until the sampler hears of a write (NOTE [host syncs of slice draws])
+        check_has_rows(storage)
+        kept = self._bounds_until_write
+        if kept is not None and kept[0]() is storage and kept[1] == self._writes_heard:
+            return kept[2]
+        bounds = self._current_boundaries(storage)
+        self._bounds_until_write = (weakref.ref(storage), self._writes_heard, bounds)
+        return bounds
+
+    def _current_boundaries(self, storage) -> _Boundaries:
+        """The trajectories of ``storage`` as its write counters say it is now (the live index, or a cache)."""
         check_not_empty(storage)
         if self._static is None and self._uses_live_index() and supports_live_index(storage):
             bounds = self._live_boundaries(storage)
@@ -417,8 +492,15 @@ class SliceSampler(Sampler):
         cache = self._cache
         if cache is not None and cache.key == key:
             return cache
+        kept = self._revision_bounds
+        if kept is not None and kept[0]() is storage and kept[1].key == key:
+            return kept[1]
         bounds = self._find_boundaries(storage, key)
         self._cache = bounds if self.cache_values else None
+        # keyed on the write revision, the boundaries are exact until the next write: kept whatever cache_values,
+        # so that draws between writes make no host sync (NOTE [host syncs of slice draws])
+        revisioned = not self.cache_values and key[1] == "revision"
+        self._revision_bounds = (weakref.ref(storage), bounds) if revisioned else None
         return bounds
 
     def _source_candidates(self) -> list[tuple[tuple, bool]]:
@@ -538,8 +620,12 @@ class SliceSampler(Sampler):
         n_rows, n_cols, offset, last_row = ring_layout(storage)
         source, is_done = self._resolve_source(storage)
         values = self._trajectory_values(storage, source, is_done, n_rows, n_cols)
-        layout = {"n_rows": n_rows, "n_cols": n_cols, "offset": offset, "last_row": last_row}
-        index = find_trajectories(values, is_done=is_done, ndim=storage.ndim, **layout)
+        if self._finds_dense(storage, key, n_rows, last_row):
+            index = self._dense_trajectories(storage, values, (tuple(source), is_done), offset)
+        else:
+            self._dense_label = None
+            layout = {"n_rows": n_rows, "n_cols": n_cols, "offset": offset, "last_row": last_row}
+            index = find_trajectories(values, is_done=is_done, ndim=storage.ndim, **layout)
         done = terminated = is_init = None
         if self.truncated_key is not None:  # the stored siblings of truncated_key, returned with it
             done_key, terminated_key = self._info_keys()
@@ -550,6 +636,34 @@ class SliceSampler(Sampler):
         if has_key(storage, self._init_key()):
             is_init = self._flags(storage, self._init_key(), n_rows, n_cols)
         return _Boundaries(key=key, index=index, done=done, terminated=terminated, is_init=is_init)
+
+    def _finds_dense(self, storage, key: tuple, n_rows: int, last_row: int) -> bool:
+        """Whether the boundaries are found as fixed-shape tensors (NOTE [dense trajectory index]): 1-D tensor
+        storages off the CPU (where the live index serves) whose newest row is the last one in time order, with
+        ``strict_length=True`` (without it, whether a slice may leave its trajectory would be read back at every
+        draw instead of once per write)."""
+        if not self.strict_length or self._static is not None or storage.ndim != 1 or key[1] != "revision":
+            return False
+        device = getattr(storage, "device", None)
+        if device is None or device == "auto" or torch.device(device).type == "cpu":
+            return False
+        return n_rows >= storage.max_size or last_row == n_rows - 1
+
+    def _dense_trajectories(self, storage, values, source: tuple, offset: int) -> DenseTrajectories:
+        """The dense index of ``storage`` from ``values`` read from ``source`` (``(keys, is_done)``), carrying the
+        witnesses of the previous one over the rows appended since (the storage's append counters: NOTE [catching
+        up on appends] in ``trajectories/sync.py``)."""
+        revision, appended, broken = storage.append_state()
+        label, previous = self._dense_label, None
+        if label is not None and label[0]() is storage and label[4] == source and broken <= label[1]:
+            old = label[3]
+            added = appended - label[2]
+            dropped = old.n_rows + added - values.shape[0]
+            if 0 <= added < storage.max_size and 0 <= dropped <= old.n_rows:
+                previous = (old, dropped)
+        index = DenseTrajectories(values, is_done=source[1], offset=offset, previous=previous)
+        self._dense_label = (weakref.ref(storage), revision, appended, index, source)
+        return index
 
     def _info_keys(self) -> tuple:
         """``(done_key, terminated_key)``: the siblings of ``truncated_key`` (its last element replaced)."""
@@ -573,6 +687,13 @@ class SliceSampler(Sampler):
                 self._raise_too_short(elig.all_lengths(), slice_len)
             bounds.eligible[slice_len] = elig
             return elig
+        if isinstance(bounds.index, DenseTrajectories):  # strict_length=True (see _finds_dense)
+            left, right = self._span_steps(slice_len)
+            elig = DenseEligible(bounds.index, slice_len, left, right, strict_length=True)
+            if not bounds.index.has_trajectory_of(slice_len - left - right, elig.before):
+                self._raise_too_short(bounds.index.lengths, slice_len)
+            bounds.eligible[slice_len] = elig
+            return elig
         index = bounds.index
         lengths = index.lengths
         left, right = self._span_steps(slice_len)
@@ -589,6 +710,9 @@ class SliceSampler(Sampler):
         if not self.strict_length:
             high = high.clamp_min(-left)
         count = high + left + 1
+        # a slice never leaves its trajectory: the draws then need no clamp, drop or padding mask (one check per
+        # index, not per draw: NOTE [host syncs of slice draws])
+        inside = left == right == 0 and (self.strict_length or bool((lengths >= slice_len).all()))
         elig = _Eligible(
             traj=traj,
             starts=starts,
@@ -597,6 +721,7 @@ class SliceSampler(Sampler):
             count=count,
             count_float=count.double() * _BELOW_ONE,
             n_float=starts.numel() * _BELOW_ONE,
+            all_full=inside,
         )
         bounds.eligible[slice_len] = elig
         return elig
@@ -680,7 +805,7 @@ class SliceSampler(Sampler):
         steps, last, first = self._steps(num_slices, slice_len, chosen.device)
         traj_starts = elig.starts_at(chosen)
         real = None
-        if self.strict_length and self.span == (False, False):  # every slice lies inside its trajectory
+        if elig.all_full:  # every slice lies inside its trajectory
             flat = (traj_starts.add_(offsets).unsqueeze_(-1) + steps).view(-1)
             truncated = last.clone()
             for key, value in (per_slice or {}).items():
@@ -726,17 +851,26 @@ class SliceSampler(Sampler):
     def mark_update(self, index, *, storage=None) -> None:
         """Called by the buffer after ``index`` was written to ``storage``. The live index needs no notice: it
         reads the storage's append counters at the next draw (NOTE [catching up on appends] in
-        ``trajectories/sync.py``), whichever process wrote."""
+        ``trajectories/sync.py``), whichever process wrote. A ``compilable=True`` storage is the exception: its
+        counters are read only after a notice (NOTE [host syncs of slice draws] in ``samplers/slice.py``)."""
         Sampler.mark_update(self, index, storage=storage)  # not super(): subclasses call each base explicitly
 
     def _empty(self) -> None:
         Sampler._empty(self)  # not super(): subclasses call each base explicitly
+        self._revision_bounds = self._bounds_until_write = self._dense_label = None
         if self._live is not None:
             self._live.reset()
 
+    def _forget_derived(self) -> None:
+        # every write notification (add, extend, mark_update) and empty pass here: counted for compilable storages
+        Sampler._forget_derived(self)
+        self._writes_heard += 1
+
     def __getstate__(self):
         state = super().__getstate__()
-        state["_live"] = state["_live_bounds"] = None  # per process: a copy builds its own from its storage
+        # per process: a copy builds its own from its storage
+        for name in ("_live", "_live_bounds", "_revision_bounds", "_bounds_until_write", "_dense_label"):
+            state[name] = None
         return state
 
     @property

@@ -9,6 +9,8 @@
 - Splitting a batch of transitions by its own signal (ids, else flags), for trajectory queries (``split``).
 - The live index: the ends kept up to date on each append (``live_index``) and caught up with the storage's shared
   append counters (``sync``).
+- The dense index: the trajectories of a storage on an accelerator as fixed-shape tensors, found after a write
+  without reading a number back (``dense_index``).
 
 Slice samplers, the ``Sequence`` and ``FrameStack`` sample units, HER, trajectory queries and the HF layouts stand
 on it; it imports storages and the bottom packages only.

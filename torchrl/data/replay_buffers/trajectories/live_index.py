@@ -266,6 +266,11 @@ class LiveEligible:
         else:
             self._first, self._size = 0, int(self.serials.size)
         self.n_float = self._size * self._BELOW_ONE
+        # every slice lies inside its trajectory: no span, and each trajectory holds a full slice (strict_length,
+        # or all of them long enough: the eligible deque of that length holds them all, O(1) once it is built)
+        self.all_full = left == right == 0 and (
+            strict_length or slice_len <= 1 or index.eligible(slice_len).size == index.num_trajectories
+        )
         self._picked = None
 
     @property
