@@ -308,22 +308,30 @@ def test_crafted_patch_descriptions_are_refused_before_anything_is_loaded(tmp_pa
     assert len(target.rb) == 7 and (target.rb[:] == before).all()
 
 
-def test_an_incremental_checkpoint_is_still_mapped_in_place_by_a_storage_in_its_storage_directory(tmp_path):
+def test_an_incremental_checkpoint_is_not_loaded_into_its_own_files(tmp_path):
+    # issue 40: mapping it in place wrote the patches into the base files, changing the checkpoint (its base
+    # file no longer matched its metadata); the load is refused before a file is touched
     buf, path = Filled(tmp_path), tmp_path / "ckpt"
     buf.extend(CAPACITY)
     buf.rb.dumps(path)
     buf.extend(10)
     buf.rb.dumps(path)
     assert _storage_doc(path)["patches"] == [[0, 10]]
-    adopted = LazyMemmapStorage(CAPACITY, scratch_dir=path / "storage")
+    adopted = LazyMemmapStorage(CAPACITY, scratch_dir=path / "storage", existsok=True)
+    with pytest.raises(ValueError, match="an incremental checkpoint"):
+        ReplayBuffer(storage=adopted, batch_size=8).loads(path)
+    _assert_same(buf.rb, _loaded(path, tmp_path))  # the checkpoint loads as saved
+    full = path.with_name("full")
+    buf.rb.dumps(full)  # a full dump of the same rows...
+    adopted = LazyMemmapStorage(CAPACITY, scratch_dir=full / "storage", existsok=True)
     rb = ReplayBuffer(storage=adopted, batch_size=8)
-    rb.loads(path)  # the base files become the storage's files, the patch written into them
-    assert os.path.samefile(adopted.get_entry("obs").filename, path / "storage" / "obs.memmap")
+    rb.loads(full)  # ...is mapped in place
+    assert os.path.samefile(adopted.get_entry("obs").filename, full / "storage" / "obs.memmap")
     _assert_same(buf.rb, rb)
     rb.extend(_rows(7_000, 3))
-    rb.dumps(path)  # the storage lives in the checkpoint: linked whole, no patches
-    assert "patches" not in _storage_doc(path)
-    _assert_same(rb, _loaded(path, tmp_path))
+    rb.dumps(full)  # the storage lives in the checkpoint: linked whole, no patches
+    assert "patches" not in _storage_doc(full)
+    _assert_same(rb, _loaded(full, tmp_path, "fresh_full"))
 
 
 @pytest.mark.parametrize("kind", ["memmap", "ram"])

@@ -8,6 +8,7 @@ the public module that re-exports these functions. This module knows no componen
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import zlib
@@ -448,14 +449,23 @@ def dump_parts(path: str, build: Callable, *, fsync: bool = True, progress: bool
         _dump(path, build, None, fsync=fsync, progress=progress)
 
 
+# NOTE [consistent dumps]: a storage that other processes write (shared memory, memory-mapped files) gives its
+# part as views of its live rows, copied into the checkpoint's files later in the dump. Its part takes the
+# storage's write lock through ``ctx.hold`` when it reads its counters, and the dump holds it until every file
+# is written and the checkpoint switched in: the saved rows are those the counters describe, no row half
+# written by a concurrent `extend` (a writer waits for the copy; with fsync=True, for the flush too). Private
+# storages hold a no-op lock.
 def _dump(path: str, build: Callable, previous, *, fsync, progress) -> None:
     """One dump: parts see ``ctx.facts["previous"]`` (the checkpoint being replaced, or absent) and may append
-    callables to ``ctx.facts["after_write"]``, run once the new checkpoint is in place."""
+    callables to ``ctx.facts["after_write"]``, run once the new checkpoint is in place; the locks they hold
+    (``ctx.hold``: NOTE [consistent dumps]) are released once it is written."""
     facts: dict[str, Any] = {"fsync": fsync} if previous is None else {"fsync": fsync, "previous": previous}
-    tensors, metadata = build(_parts.PartContext(path, facts=facts))
-    if facts.get("checkpoint_ids"):  # which storage wrote which rows (see storages/_incremental.py)
-        metadata = {**metadata, "checkpoint_ids": facts["checkpoint_ids"]}
-    _write(path, tensors, metadata, fsync=fsync, progress=progress, reuse=True)
+    with contextlib.ExitStack() as held:
+        facts["held"] = held
+        tensors, metadata = build(_parts.PartContext(path, facts=facts))
+        if facts.get("checkpoint_ids"):  # which storage wrote which rows (see storages/_incremental.py)
+            metadata = {**metadata, "checkpoint_ids": facts["checkpoint_ids"]}
+        _write(path, tensors, metadata, fsync=fsync, progress=progress, reuse=True)
     for callback in facts.get("after_write", ()):
         callback()
 

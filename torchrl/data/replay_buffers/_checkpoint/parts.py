@@ -99,6 +99,15 @@ class PartContext:
         """The checkpoint name of this part's tensor ``tensor``."""
         return self.prefix + tensor
 
+    def hold(self, lock) -> None:
+        """Holds ``lock`` (a context manager) until the checkpoint being dumped is written: a part whose tensors
+        are views of data other processes write (a shared storage's rows) takes its write lock here, so that the
+        rows copied are those the part describes, none torn (NOTE [consistent dumps] in ``format.py``). A no-op
+        outside a dump (a part built for another purpose)."""
+        stack = self.facts.get("held")
+        if stack is not None:
+            stack.enter_context(lock)
+
 
 @runtime_checkable
 class Checkpointable(Protocol):

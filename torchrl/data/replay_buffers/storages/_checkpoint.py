@@ -293,17 +293,14 @@ def item_template(doc: dict) -> TensorDict:
 
 
 def map_checkpoint_files(doc: dict, tensors: Mapping, directory: str) -> TensorDict | None:
-    """A backing that maps the checkpoint's files in place (read-write), when they all lie in ``directory`` and
-    hold every row; else ``None``. For a memory-mapped storage whose scratch directory is the checkpoint's
-    ``storage`` directory.
-
-    The files of an incremental checkpoint are its base rows: :func:`copy_saved_rows` then writes the patches
-    into them, so the checkpoint's files change with the load already (as they do with every write once the
-    storage maps them), not only with the storage's writes.
+    """A backing that maps the checkpoint's files in place (read-write), when they all lie in ``directory``, hold
+    every row and carry no patch; else ``None``. For a memory-mapped storage whose scratch directory is the
+    checkpoint's ``storage`` directory: the load changes no file of the checkpoint (the storage's later writes
+    do, as it maps them). A checkpoint that cannot be mapped so is refused by :func:`check_not_own_files`.
     """
-    if doc.get("base_rows", doc["saved_rows"]) != doc["batch_size"][0] or not doc["leaves"]:
+    if doc["saved_rows"] != doc["batch_size"][0] or "patches" in doc or not doc["leaves"]:
         return None
-    files = [getattr(tensors[leaf.get("base", leaf.get("tensor"))], "filename", None) for leaf in doc["leaves"]]
+    files = _part_files(doc, tensors)
     root = os.path.realpath(directory)
     if any(f is None or not os.path.realpath(f).startswith(root + os.sep) for f in files):
         return None
@@ -314,6 +311,33 @@ def map_checkpoint_files(doc: dict, tensors: Mapping, directory: str) -> TensorD
             tuple(leaf["key"]), MemoryMappedTensor.from_filename(file, dtype, leaf["shape"], mode="r+")
         )
     return backing
+
+
+def _part_files(doc: dict, tensors: Mapping) -> list:
+    """The file of each tensor of a storage part (base rows and patches; ``None`` for one not memory-mapped)."""
+    names = [leaf.get("base", leaf.get("tensor")) for leaf in doc["leaves"]]
+    names += [patch for leaf in doc["leaves"] for patch in leaf.get("patches") or ()]
+    return [getattr(tensors.get(name), "filename", None) for name in names]
+
+
+def check_not_own_files(doc: dict, tensors: Mapping, directory: str, cls: str) -> None:
+    """Refuses (``ValueError``, nothing changed) to load a checkpoint that cannot be mapped in place into a
+    memory-mapped storage whose files would go to ``directory`` when a file of the checkpoint lies there: its
+    allocation or the patches would write into the checkpoint's own files."""
+    root = os.path.realpath(directory)
+    own = [f for f in _part_files(doc, tensors) if f is not None and os.path.realpath(f).startswith(root + os.sep)]
+    if own:
+        why = (
+            f"it holds {doc['saved_rows']} of the storage's {doc['batch_size'][0]} rows"
+            if doc["saved_rows"] != doc["batch_size"][0]
+            else "it is an incremental checkpoint (base rows plus patches)"
+        )
+        raise ValueError(
+            f"Cannot load this checkpoint into a {cls} whose scratch_dir {directory!r} holds the checkpoint's own "
+            f"files (e.g. {own[0]!r}): {why}, so the load would write into those files and change the "
+            f"checkpoint. Build the storage with another scratch_dir (or none) to load a copy; only a checkpoint of "
+            f"a full storage, dumped in full, is mapped in place. Nothing was loaded."
+        )
 
 
 # Loads copy with a few threads when there is much to copy: a kernel copy of the page cache (copy_file_range,

@@ -185,6 +185,8 @@ class LazyMemmapStorage(LazyTensorStorage):
             None if self.scratch_dir is None else _ckpt.map_checkpoint_files(doc, tensors, self.scratch_dir)
         )
         if mapped is None:
+            if self.scratch_dir is not None:  # never allocate into the checkpoint's own files
+                _ckpt.check_not_own_files(doc, tensors, self.scratch_dir, type(self).__name__)
             return super()._backing_for_checkpoint(doc, tensors)
         self._memmap_dir = self.scratch_dir
         return mapped

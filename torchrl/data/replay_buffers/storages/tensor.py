@@ -878,6 +878,7 @@ class TensorStorage(Storage):
 
     def checkpoint_part(self, ctx: PartContext) -> tuple[dict, dict]:
         self.initialized  # noqa: B018 (maps the files of a shared_init storage written by another process)
+        ctx.hold(self.write_lock)  # no write until the rows are copied (NOTE [consistent dumps] in format.py)
         layout = self._layout_checkpointer()
         if layout is not None:
             return layout.dump_storage_part(self, ctx)
