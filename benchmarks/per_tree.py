@@ -1,5 +1,5 @@
 """Prioritized sampling near the memory floor (issue 30, item 2): uniform vs prioritized ``sample`` +
-``update_priority`` of 256, numpy vs numba tree loops, at N = 10^5, 10^6, 10^7.
+``update_priority`` of 256, numpy vs numba vs torch tree loops, at N = 10^5, 10^6, 10^7.
 
 Usage::
 
@@ -14,7 +14,10 @@ Data: small rows (``observation: f32[4]`` and an ``episode: i64`` id), the buffe
   built with ``kernel="numpy"`` or ``kernel="numba"`` (the numba row is left out when numba is not installed);
 - ``plain RB prio (numpy)`` / ``plain RB prio (numba)``: the same draw through the uniform row's buffer class,
   ``ReplayBuffer(PrioritizedSampler(...))``: ``batch, info = rb.sample(return_info=True)`` then
-  ``rb.update_priority(info["index"], new)`` (no info entries written into the batch, no stored ``"index"``).
+  ``rb.update_priority(info["index"], new)`` (no info entries written into the batch, no stored ``"index"``);
+- ``prioritized (torch)`` / ``plain RB prio (torch)``: the same two rows with the trees as torch tensors on the CPU
+  (the ``torch`` kernel, ``TORCHRL_SEGMENT_TREE_KERNEL=torch``): the path that runs on a GPU without a host sync,
+  here paying torch's per-op overhead on the CPU (``--kernels`` picks the kernels timed).
 
 Each round times a block of ``--number`` calls of every row, interleaved (uniform, numpy, numba, uniform, ...),
 so that a change of machine load hits all rows alike; the ``x uniform`` column is the median over rounds of the
@@ -88,7 +91,14 @@ def _prioritized(n: int, kernel: str, buffer_cls=TensorDictReplayBuffer) -> Repl
         sampler = PrioritizedSampler(n, alpha=0.7, beta=0.5)
     finally:
         _tree_kernels.DEFAULT_KERNEL = previous
+    assert sampler.kernel == kernel, (sampler.kernel, kernel)
     return _buffer(n, sampler, buffer_cls)
+
+
+def _kernels(wanted: list[str] | None = None) -> list[str]:
+    """The tree kernels timed: numpy, numba (when installed) and torch, or those of ``wanted`` available here."""
+    available = ["numpy"] + (["numba"] if _tree_kernels.compiled_kernels() is not None else []) + ["torch"]
+    return available if wanted is None else [k for k in available if k in wanted]
 
 
 def _tree_only(rb: ReplayBuffer):
@@ -126,12 +136,11 @@ def _wide_draw(priorities: np.ndarray, arity: int = 64):
     return draw
 
 
-def _calls(n: int, floor: bool = False) -> dict:
+def _calls(n: int, floor: bool = False, kernels: list[str] | None = None) -> dict:
     """row name -> a function doing one call of the row (with ``floor``, the rows that bound a numpy tree)."""
     uniform = _buffer(n, RandomSampler(), ReplayBuffer)
     rows = {"uniform": uniform.sample}
-    kernels = ["numpy"] + (["numba"] if _tree_kernels.compiled_kernels() is not None else [])
-    for kernel in kernels:
+    for kernel in _kernels(kernels):
         rb = _prioritized(n, kernel)
 
         def step(rb=rb):
@@ -146,7 +155,7 @@ def _calls(n: int, floor: bool = False) -> dict:
             rb.update_priority(info["index"], torch.rand(BATCH) + 0.01)
 
         rows[f"plain RB prio ({kernel})"] = plain_step
-        if floor:
+        if floor and kernel != "torch":
             rows[f"tree only ({kernel})"] = _tree_only(rb)
     bits = n.bit_length() - 1
     arity = 64 if bits % 6 == 0 else 32 if bits % 5 == 0 else None  # for n a power of 64 or of 32
@@ -178,12 +187,13 @@ def _turns(rows: dict, number: int, evict: np.ndarray | None = None) -> dict[str
 
 
 def table(
-    sizes: list[int], rounds: int, number: int, interleave: str = "block", floor: bool = False
-) -> list[tuple]:
+    sizes: list[int], rounds: int, number: int, interleave: str = "block", floor: bool = False,
+    kernels: list[str] | None = None,
+) -> list[tuple]:  # fmt: skip
     out = []
     evict = np.ones(EVICT_BYTES // 8) if interleave == "flush" else None
     for n in sizes:
-        rows = _calls(n, floor)
+        rows = _calls(n, floor, kernels)
         for fn in rows.values():  # warm-up: compiled loops, first-draw checks
             for _ in range(3):
                 fn()
@@ -215,11 +225,13 @@ def main() -> None:
     parser.add_argument(
         "--floor", action="store_true", help="add the tree-only and 64-ary rows (see the doc)"
     )
+    parser.add_argument("--kernels", nargs="+", choices=["numpy", "numba", "torch"], default=None,
+                        help="the tree kernels timed (default: every one available)")  # fmt: skip
     args = parser.parse_args()
     print(f"interleave={args.interleave}")
     print(f"{'N':>6} | {'row':<22} | {'us/call':>8} | {'x uniform':>9}")
     print("-" * 56)
-    for n, name, us, ratio in table(args.sizes, args.rounds, args.number, args.interleave, args.floor):
+    for n, name, us, ratio in table(args.sizes, args.rounds, args.number, args.interleave, args.floor, args.kernels):
         print(f"{n:>6} | {name:<22} | {us:8.1f} | {ratio:9.2f}")
 
 

@@ -254,8 +254,11 @@ def test_prioritized_buffers_accept_sampler_device_and_sync(cls):
     for sync in (True, False):
         cls(alpha=0.7, beta=0.5, storage=LazyTensorStorage(4), sampler_device="cpu", sync=sync)
     cls(alpha=0.7, beta=0.5, storage=LazyTensorStorage(4), sampler_device=None)
-    with pytest.raises(NotImplementedError, match="sampler_device"):
+    with pytest.raises(ValueError, match="`sampler_device`='meta' holds no data"):
         cls(alpha=0.7, beta=0.5, storage=LazyTensorStorage(4), sampler_device="meta")
+    if not torch.cuda.is_available():  # TorchRL's phrase for a CUDA tree without CUDA
+        with pytest.raises(RuntimeError, match="CUDA prioritized replay buffers require"):
+            cls(alpha=0.7, beta=0.5, storage=LazyTensorStorage(4), sampler_device="cuda")
 
 
 # -- buffer methods ---------------------------------------------------------------------------------------------

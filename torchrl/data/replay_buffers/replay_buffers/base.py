@@ -701,6 +701,9 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         self._ready()
         if isinstance(index, tuple):
             index = torch.stack([torch.as_tensor(i) for i in index], -1)
+        if self._compilable:  # no lock: traceable (see the "On the GPU" docs page)
+            self._sampler.update_priority(index, priority, storage=self._storage)
+            return
         with self._replay_lock, self._storage.write_lock:
             self._sampler.update_priority(index, priority, storage=self._storage)
 

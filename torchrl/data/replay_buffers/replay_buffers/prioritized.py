@@ -8,6 +8,7 @@ import torch
 from torchrl._validation import check_bool
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.tensordict import TensorDictReplayBuffer
+from torchrl.data.replay_buffers.samplers._priorities import check_tree_device
 from torchrl.data.replay_buffers.samplers.prioritized import PrioritizedSampler
 from torchrl.data.replay_buffers.storages import ListStorage, Storage
 
@@ -18,16 +19,12 @@ def _prioritized_parts(
     """The storage (``ListStorage(1000)`` when ``None``) and the :class:`PrioritizedSampler` of a prioritized
     buffer class named ``buffer``, built over it with ``sampler_kwargs`` (``alpha``, ``beta``, ...).
 
-    Checks first TorchRL's ``sampler_device`` and ``sync`` (the priority trees live in shareable CPU memory,
-    either way), that ``kwargs`` (the buffer's other arguments) holds no ``sampler`` (the buffer builds its own:
+    Checks first TorchRL's ``sampler_device`` (the sampler's ``device``: where its priority trees live) and
+    ``sync``, that ``kwargs`` (the buffer's other arguments) holds no ``sampler`` (the buffer builds its own:
     ``base`` names the class that takes one), and that ``storage`` is a Storage, whose ``max_size`` sizes the
     trees.
     """
-    if sampler_device is not None and torch.device(sampler_device).type != "cpu":
-        raise NotImplementedError(
-            f"{buffer}(sampler_device={sampler_device!r}) is not supported: the priority trees live on the CPU. "
-            f"Pass sampler_device=None (or 'cpu'); sampled indices can be moved afterwards."
-        )
+    sampler_device = check_tree_device(sampler_device, "sampler_device")
     check_bool("sync", sync)  # both accepted: the sampler's state is shareable either way
     if "sampler" in kwargs:
         raise TypeError(
@@ -41,7 +38,7 @@ def _prioritized_parts(
             f"`storage` must be a Storage instance (e.g. LazyTensorStorage(capacity)), got "
             f"{type(storage).__name__}. Its `max_size` sizes the priority trees."
         )
-    return storage, PrioritizedSampler(storage.max_size, **sampler_kwargs)
+    return storage, PrioritizedSampler(storage.max_size, device=sampler_device, **sampler_kwargs)
 
 
 class PrioritizedReplayBuffer(ReplayBuffer):
@@ -57,8 +54,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         eps (float): added to every priority so none is zero. Defaults to ``1e-8``.
         dtype (torch.dtype): the dtype of the priority weights. Defaults to ``torch.float``.
         storage (Storage, optional): defaults to ``ListStorage(1000)``.
-        sampler_device (torch.device or str, optional): accepted for TorchRL compatibility: only ``None`` or
-            ``"cpu"`` (other devices raise ``NotImplementedError``). Defaults to ``None``.
+        sampler_device (torch.device or str, optional): where the priority trees live: the sampler's ``device``
+            (see :class:`~torchrl.data.PrioritizedSampler`; an accelerator uses the torch-tensor trees). Defaults
+            to ``None`` (the CPU, or the device of a CUDA storage).
         sync (bool): accepted for TorchRL compatibility, no effect: the prioritized sampler's state is
             shared with worker processes either way. Defaults to ``True``.
         **kwargs: the other arguments of :class:`ReplayBuffer` (``collate_fn``, ``pin_memory``, ``prefetch``,

@@ -12,6 +12,16 @@ from torchrl.data.replay_buffers.samplers.slice import SliceSampler
 from torchrl.data.replay_buffers.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
 from torchrl.data.replay_buffers.samplers.staleness import StalenessAwareSampler
 from torchrl.data.replay_buffers.samplers.streaming_slice import StreamingSliceSampler
+from torchrl.data.replay_buffers.samplers.tensor_segment_tree import (
+    CudaMinSegmentTreeFp32,
+    CudaMinSegmentTreeFp64,
+    CudaSumSegmentTreeFp32,
+    CudaSumSegmentTreeFp64,
+    MinSegmentTreeFp32,
+    MinSegmentTreeFp64,
+    SumSegmentTreeFp32,
+    SumSegmentTreeFp64,
+)
 from torchrl.data.replay_buffers.samplers.without_replacement import SamplerWithoutReplacement
 
 __all__ = [
@@ -28,6 +38,15 @@ __all__ = [
     "StalenessAwareSampler",
     "StreamingSliceSampler",
     "PromptGroupSampler",
+    # TorchRL's segment-tree names (torch tensors here: any device)
+    "SumSegmentTreeFp32",
+    "SumSegmentTreeFp64",
+    "MinSegmentTreeFp32",
+    "MinSegmentTreeFp64",
+    "CudaSumSegmentTreeFp32",
+    "CudaSumSegmentTreeFp64",
+    "CudaMinSegmentTreeFp32",
+    "CudaMinSegmentTreeFp64",
 ]
 
 for _cls in (

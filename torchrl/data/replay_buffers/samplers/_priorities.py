@@ -54,20 +54,42 @@ def _check_alpha(value) -> float:
     return _check_exponent("alpha", value)
 
 
-def _check_device(device) -> torch.device:
-    """The trees' device: the CPU only (``None`` or a CPU device)."""
+def check_tree_device(device, name: str = "device") -> torch.device | None:
+    """The trees' device as asked in argument ``name``: ``None`` (the CPU, or the device of the storage sampled:
+    see :class:`PrioritizedSampler`) or a device that holds data (not ``"meta"``); a CUDA device needs CUDA."""
     if device is None:
-        return torch.device("cpu")
+        return None
     try:
         device = torch.device(device)
     except (TypeError, RuntimeError) as err:
-        raise TypeError(f"`device` must be a torch.device, a str or None, got {device!r}.") from err
-    if device.type != "cpu":
+        raise TypeError(f"`{name}` must be a torch.device, a str or None, got {device!r}.") from err
+    if device.type == "meta":
         raise ValueError(
-            f"`device`={str(device)!r} is not supported: the priority trees are numpy arrays on the CPU (which can "
-            f"move to shared memory). Pass device=None or 'cpu'; sampled indices can be moved afterwards."
+            f"`{name}`={str(device)!r} holds no data, so it cannot hold priority trees: pass {name}=None (the CPU, "
+            f"or the device of the storage), 'cpu' or an accelerator such as 'cuda'."
+        )
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            f"CUDA prioritized replay buffers require a CUDA device, and torch sees none (`{name}`={str(device)!r}, "
+            f"torch.cuda.is_available() is False): pass {name}=None or 'cpu', or install a CUDA build of torch on "
+            f"a machine with a GPU."
         )
     return device
+
+
+def _check_max_pending(max_pending) -> int:
+    """``max_pending`` as an int ``>= 0`` (TorchRL's ValueError for a negative value)."""
+    if isinstance(max_pending, bool) or not is_int(max_pending):
+        raise TypeError(
+            f"`max_pending` must be an int >= 0 (how many mark_update calls may wait before their write), got "
+            f"{max_pending!r} ({type(max_pending).__name__})."
+        )
+    if max_pending < 0:
+        raise ValueError(
+            f"max_pending must be greater or equal to 0, got max_pending={max_pending!r}: pass 0 to write every "
+            f"mark_update at once, or a positive count (TorchRL's default is 64)."
+        )
+    return int(max_pending)
 
 
 def _check_reduction(reduction) -> str:
@@ -209,6 +231,70 @@ def _ravel_coords(coords: list[np.ndarray], shape: tuple[int, ...] | None) -> np
         flat = flat * size + c
     flat[skipped] = -1
     return flat
+
+
+def tensor_positions(index, shape: tuple[int, ...] | None, device: torch.device) -> torch.Tensor | None:
+    """Flat int64 positions on ``device`` from tensor indices, by tensor ops only (no host sync, nothing checked):
+    a 1-D tensor (or a 1-tuple of one), per-dimension coordinates of a storage of ``shape`` (a tuple of tensors or
+    an ``[N, ndim]`` tensor; an entry with a ``-1`` coordinate becomes ``-1``). ``None`` for other forms.
+
+    Examples:
+        >>> import torch
+        >>> tensor_positions((torch.tensor([0, 2, -1]), torch.tensor([1, 3, 0])), (3, 4), torch.device("cpu"))
+        tensor([ 1, 11, -1])
+    """
+    if isinstance(index, tuple) and len(index) == 1 and isinstance(index[0], torch.Tensor):
+        index = index[0]
+    coords = None
+    if isinstance(index, tuple) and index and all(isinstance(i, torch.Tensor) for i in index):
+        coords = list(index)
+    elif isinstance(index, torch.Tensor) and index.ndim == 2 and index.shape[-1] > 1:
+        coords = list(index.unbind(-1))
+    if coords is None:
+        if not isinstance(index, torch.Tensor) or index.is_floating_point() or index.dtype == torch.bool:
+            return None
+        return index.reshape(-1).to(device, torch.long, non_blocking=True)
+    if shape is None or len(shape) != len(coords):
+        raise ValueError(
+            f"A per-dimension index with {len(coords)} dims needs the shape of an ndim={len(coords)} storage: "
+            f"pass `storage=` (the sampler knows {shape})."
+        )
+    coords = [c.reshape(-1).to(device, torch.long, non_blocking=True) for c in coords]
+    flat = torch.zeros_like(coords[0])
+    skipped = torch.zeros_like(coords[0], dtype=torch.bool)
+    for c, size in zip(coords, shape):
+        flat = flat * size + c
+        skipped = skipped | (c < 0)
+    return torch.where(skipped, -1, flat)
+
+
+def tensor_priority(priority, count: int, reduction: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One raw priority per index as a ``dtype`` tensor on ``device`` (reduced with ``reduction`` when it has
+    extra dims per item): tensor ops only for a tensor (no host sync, values not checked).
+
+    Examples:
+        >>> import torch
+        >>> tensor_priority(torch.tensor([[1.0, 3.0], [2.0, 0.0]]), 2, "max", torch.float64, torch.device("cpu"))
+        tensor([3., 2.], dtype=torch.float64)
+    """
+    if not isinstance(priority, torch.Tensor) or priority.is_complex() or priority.dtype == torch.bool:
+        priority = torch.from_numpy(_as_value_array(priority, count, name="priority"))
+    if priority.ndim > 1 and priority.numel() != count:
+        if priority.shape[0] != count:
+            raise ValueError(
+                f"`priority` of shape {list(priority.shape)} does not match the {count} indices: pass one "
+                f"priority per index (shape [{count}] or [{count}, ...], reduced with reduction={reduction!r})."
+            )
+        priority = reduce_priority(priority, reduction)
+    priority = priority.reshape(-1).to(device, dtype, non_blocking=True)
+    if priority.shape[0] == count:
+        return priority
+    if priority.shape[0] == 1:
+        return priority.expand(count)
+    raise ValueError(
+        f"`priority` has {priority.shape[0]} entries for {count} indices: pass one value per index or a single "
+        f"value for all of them."
+    )
 
 
 def _scalar_property(slot: int, doc: str, cast=float) -> property:

@@ -14,9 +14,21 @@ a compiled ``pow`` may round differently. A prioritized sampler's update runs tw
 priority), with the same result as the numpy path's (which first keeps the last write of each position).
 
 Choice, once per process at import: ``TORCHRL_SEGMENT_TREE_KERNEL`` = ``auto`` (``numba`` when the package is
-installed, else ``numpy``; the default), ``numba`` or ``numpy`` (forces the numpy loops). A tree built with
+installed, else ``numpy``; the default), ``numba``, ``numpy`` (forces the numpy loops) or ``torch`` (the
+prioritized samplers keep their trees as torch tensors: see below; trees of numpy arrays then use ``auto``). Any
+other value raises a ``ValueError`` naming the variable when a tree is first built. A tree built with
 ``kernel=...`` overrides it. ``numba`` itself is imported, and each loop compiled (cached on disk), only when
 a tree first needs it.
+
+The third kernel, ``torch`` (:func:`torch_lower_bound`, :func:`torch_write`, :func:`torch_range`,
+:func:`torch_last_writes`), works on a tree stored as one torch tensor on any device: ``2 * capacity`` slots,
+the root in slot ``1``, the children of slot ``i`` in ``2 * i`` and ``2 * i + 1``, leaf ``j`` in slot
+``capacity + j`` (slot ``0`` is unused). Every level is kept. Each function runs a fixed number of tensor ops
+per level (a search, an update) or in all (a range query), whatever the batch: no Python loop over items, no
+``.item()``, no ``nonzero``/``unique`` (nothing that reads a value back to the host), so the same code runs on a
+GPU without a sync and traces into one ``torch.compile`` graph. The descent compares ``rest > left`` and
+subtracts as the numpy loops do, so for the same masses and exactly representable sums it finds the same leaves
+(the numpy kernel starts from prefix sums of a flat level: other sums may round apart).
 """
 
 from __future__ import annotations
@@ -26,11 +38,15 @@ import os
 import warnings
 
 import numpy as np
+import torch
 
 __all__ = []
 
 #: The environment variable that picks the implementation of the tree loops.
 KERNEL_ENV = "TORCHRL_SEGMENT_TREE_KERNEL"
+#: The values ``TORCHRL_SEGMENT_TREE_KERNEL`` takes.
+ENV_CHOICES = ("auto", "numba", "numpy", "torch")
+#: The kernels a tree of numpy arrays takes (``kernel=``); ``torch`` trees are :mod:`.tensor_segment_tree`'s.
 KERNELS = ("auto", "numba", "numpy")
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -40,30 +56,56 @@ def numba_available() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
+def _array_kernel() -> str:
+    return "numba" if numba_available() else "numpy"
+
+
+def environment_error(value: str) -> ValueError:
+    """The error for an unknown ``TORCHRL_SEGMENT_TREE_KERNEL`` value."""
+    return ValueError(
+        f"{KERNEL_ENV}={value!r} is not a segment-tree kernel: set it to one of {list(ENV_CHOICES)} (or unset it "
+        f"for 'auto')."
+    )
+
+
+def default_kernel() -> str:
+    """The process default: ``"numba"``, ``"numpy"`` or ``"torch"`` (see the module doc).
+
+    Raises:
+        ValueError: ``TORCHRL_SEGMENT_TREE_KERNEL`` holds an unknown value (named in the message, with the choices).
+    """
+    if DEFAULT_KERNEL is None:
+        raise environment_error(_ENV_VALUE)
+    return DEFAULT_KERNEL
+
+
 def resolve_kernel(kernel: str | None) -> str:
-    """``"numba"`` or ``"numpy"`` for a requested kernel (``None``: the process default, see the module doc).
+    """``"numba"`` or ``"numpy"`` for a requested kernel of a tree of numpy arrays (``None``: the process default,
+    see the module doc; with ``TORCHRL_SEGMENT_TREE_KERNEL=torch``, ``auto``).
 
     ``"numba"`` without the package installed falls back to ``"numpy"`` (the draws are identical either way).
     """
     if kernel is None:
-        return DEFAULT_KERNEL
+        kernel = default_kernel()
+        return _array_kernel() if kernel == "torch" else kernel
     if kernel not in KERNELS:
         raise ValueError(
             f"`kernel` must be one of {list(KERNELS)} or None (the process default, {DEFAULT_KERNEL!r}), got "
-            f"{kernel!r}."
+            f"{kernel!r}. Trees of torch tensors (any device) are SumSegmentTreeFp32 and its siblings, or "
+            f"TORCHRL_SEGMENT_TREE_KERNEL=torch for the prioritized samplers."
         )
     if kernel == "numpy":
         return "numpy"
-    return "numba" if numba_available() else "numpy"
+    return _array_kernel()
 
 
-def _default_from_environment() -> str:
+def _default_from_environment() -> str | None:
+    """The kernel the environment asks for, or ``None`` for an unknown value (raised when a tree is built)."""
     wanted = os.environ.get(KERNEL_ENV, "auto").strip().lower() or "auto"
-    if wanted not in KERNELS:
-        warnings.warn(
-            f"{KERNEL_ENV}={wanted!r} is not one of {list(KERNELS)}: using 'auto'.", RuntimeWarning, stacklevel=2
-        )
-        wanted = "auto"
+    if wanted not in ENV_CHOICES:
+        return None
+    if wanted == "torch":
+        return "torch"
     if wanted == "numba" and not numba_available():
         warnings.warn(
             f"{KERNEL_ENV}=numba but the numba package is not installed (pip install 'torchrl[numba]'): the "
@@ -74,7 +116,9 @@ def _default_from_environment() -> str:
     return "numpy" if wanted == "numpy" or not numba_available() else "numba"
 
 
-#: The implementation trees use when built without ``kernel=``: ``"numba"`` or ``"numpy"``.
+_ENV_VALUE = os.environ.get(KERNEL_ENV, "auto")
+#: The implementation trees use when built without ``kernel=``: ``"numba"``, ``"numpy"`` or ``"torch"`` (the
+#: prioritized samplers' trees as torch tensors); ``None`` when the variable holds an unknown value.
 DEFAULT_KERNEL = _default_from_environment()
 
 
@@ -315,3 +359,91 @@ def compiled_kernels() -> dict | None:
         globals().update({f"_{name}": loop for name, loop in compiled.items()})
         _COMPILED = compiled
     return _COMPILED
+
+
+# -- the torch kernel: a tree as one tensor (see the module doc) -------------------------------------------------
+def torch_lower_bound(tree: torch.Tensor, depth: int, mass: torch.Tensor) -> torch.Tensor:
+    """For each mass ``v``, the first leaf whose inclusive prefix sum is ``>= v`` (a sum tree; ``depth`` levels below
+    the root): ``depth`` gather steps over the whole batch. ``v <= 0`` gives leaf ``0``; ``v`` above the total
+    gives the last leaf (callers compare with the root). Returns int64 leaf positions of ``mass``'s shape."""
+    node = torch.ones(mass.shape, dtype=torch.long, device=tree.device)
+    rest = mass
+    for _ in range(depth):
+        node = node * 2
+        left = tree[node]
+        right = rest > left
+        rest = torch.where(right, rest - left, rest)
+        node = node + right
+    return node - (1 << depth)
+
+
+def torch_last_writes(index: torch.Tensor, keep: torch.Tensor | None = None):
+    """Which entry of a batch of writes wins at each position (the last one given for it), without ``unique``.
+
+    Returns ``(positions, winner, won)``: ``index`` sorted (stable), and for each of its entries the batch entry
+    whose value every write of that position carries (the last kept one) and whether there is one (``False``
+    where every entry of that position was dropped by ``keep``: the write must keep the current value). Writing
+    ``values[winner]`` at ``positions`` then sets each position once in effect: repeats write identical values.
+    """
+    count = index.shape[0]
+    if keep is None:
+        order = torch.argsort(index, stable=True)
+    else:  # dropped entries sort first among their position's, so a kept one, if any, is last
+        order = torch.argsort(index * 2 + keep.long(), stable=True)
+    positions = index[order]
+    if count == 0:
+        return positions, order, torch.ones(0, dtype=torch.bool, device=index.device)
+    last = torch.ones(count, dtype=torch.bool, device=index.device)
+    last = torch.cat([positions[1:] != positions[:-1], last[:1]])
+    slot = torch.arange(count, device=index.device)
+    # the sorted slot of the last entry of each run of a position: a reversed running minimum
+    run_end = torch.where(last, slot, count).flip(0).cummin(0).values.flip(0)
+    winner = order[run_end]
+    won = torch.ones(count, dtype=torch.bool, device=index.device) if keep is None else keep[winner]
+    return positions, winner, won
+
+
+def torch_write(tree: torch.Tensor, depth: int, index: torch.Tensor, value: torch.Tensor, combine: str) -> None:
+    """Writes ``value`` at the leaves ``index`` (positions in ``[0, capacity)``; repeats must carry identical
+    values, see :func:`torch_last_writes`) and recomputes their ancestors level by level (``combine``: ``"sum"``
+    or ``"min"``): ``depth`` gather-reduce-scatter steps, only on the ancestors of the written leaves."""
+    node = index + (1 << depth)
+    tree.index_put_((node,), value)
+    pairs = tree.view(-1, 2)  # pairs[i] = slots (2i, 2i + 1): the children of slot i
+    for _ in range(depth):
+        node = node >> 1
+        children = pairs[node]
+        parent = children.sum(-1) if combine == "sum" else children.amin(-1)
+        tree.index_put_((node,), parent)
+
+
+def torch_rebuild(tree: torch.Tensor, depth: int, combine: str) -> None:
+    """Recomputes every inner slot from the leaves, one level at a time (``depth`` steps)."""
+    for level in range(depth - 1, -1, -1):
+        lo = 1 << level
+        children = tree[2 * lo : 4 * lo].view(-1, 2)
+        tree[lo : 2 * lo] = children.sum(-1) if combine == "sum" else children.amin(-1)
+
+
+def torch_range(tree: torch.Tensor, depth: int, start: torch.Tensor, end: torch.Tensor, combine: str,
+                identity: float) -> torch.Tensor:  # fmt: skip
+    """The reduction of the leaves in ``[start, end)`` for int64 tensors of bounds (elementwise; ``identity`` for an
+    empty range): the slots a bottom-up range walk takes at each level, all levels at once (a fixed number of ops,
+    whatever ``depth``). Bounds must lie in ``[0, capacity]``."""
+    capacity = 1 << depth
+    shifts = torch.arange(depth + 1, device=tree.device)
+    # level k of the walk: lo = ceil((start + capacity) / 2^k), hi = floor((end + capacity) / 2^k); the slot lo is
+    # taken when odd, the slot hi - 1 when hi is odd, while lo < hi
+    lo = ((start.unsqueeze(-1) + (capacity - 1)) >> shifts) + 1
+    hi = (end.unsqueeze(-1) + capacity) >> shifts
+    live = lo < hi
+    take_lo = live & (lo % 2 == 1)
+    take_hi = live & (hi % 2 == 1)
+    left = tree[lo.clamp(max=2 * capacity - 1)]
+    right = tree[(hi - 1).clamp(min=0)]
+    fill = torch.full((), identity, dtype=tree.dtype, device=tree.device)
+    left = torch.where(take_lo, left, fill)
+    right = torch.where(take_hi, right, fill)
+    if combine == "sum":
+        return (left + right).sum(-1)
+    return torch.minimum(left, right).amin(-1)

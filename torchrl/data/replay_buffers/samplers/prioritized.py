@@ -16,13 +16,16 @@ State: the two trees, the raw priorities and a few scalars (``alpha``, ``beta``,
 where it is, one past the last position holding a priority). :meth:`PrioritizedSampler.share_memory_` moves
 all of it to shared memory (a dataset read by DataLoader workers does it), guarded by a
 :class:`~torchrl.data.replay_buffers._shared.arrays.StateGuard`: see NOTE [prioritized consistency]
-in the class docstring.
+in the class docstring. With the ``torch`` kernel (a device, a compilable storage, or
+``TORCHRL_SEGMENT_TREE_KERNEL=torch``: NOTE [prioritized kernels] in the class docstring) the same state lives in
+tensors (:mod:`._tensor_priorities`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import weakref
 from typing import Any
 
 import numpy as np
@@ -35,20 +38,34 @@ from torchrl.data.replay_buffers.samplers._priorities import (
     REDUCTIONS,
     SCHEMA_VERSION,
     _check_alpha,
-    _check_device,
     _check_dtype,
     _check_exponent,
     _check_max_capacity,
+    _check_max_pending,
     _check_reduction,
     _ravel_coords,
     _scalar_property,
     check_priorities,
+    check_tree_device,
     reduce_priority,
+    tensor_positions,
+    tensor_priority,
     tree_capacity,
     validated_prioritized_state,
 )
 from torchrl.data.replay_buffers.samplers._stable_items import unstable_items_error
-from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size, check_not_empty, unravel
+from torchrl.data.replay_buffers.samplers._tensor_priorities import (
+    TensorPriorities,
+    initial_tensor_device,
+    tensor_device_for,
+)
+from torchrl.data.replay_buffers.samplers.base import (
+    Sampler,
+    check_batch_size,
+    check_has_rows,
+    check_not_empty,
+    unravel,
+)
 from torchrl.data.replay_buffers.samplers.segment_tree import (
     MinSegmentTree,
     SumSegmentTree,
@@ -62,6 +79,16 @@ from torchrl.data.replay_buffers.samplers.segment_tree import (
     update_sum_and_min,
     write_priorities,
 )
+from torchrl.data.replay_buffers.samplers.tensor_segment_tree import (
+    CudaMinSegmentTreeFp32,
+    CudaMinSegmentTreeFp64,
+    CudaSumSegmentTreeFp32,
+    CudaSumSegmentTreeFp64,
+    MinSegmentTreeFp32,
+    MinSegmentTreeFp64,
+    SumSegmentTreeFp32,
+    SumSegmentTreeFp64,
+)
 
 ALPHA_LEAVES_ZERO = TorchRLPhrase(
     UserWarning,
@@ -70,7 +97,21 @@ ALPHA_LEAVES_ZERO = TorchRLPhrase(
     "under alpha=0 and stay 1.0 until their next update_priority().",
 )
 
-__all__ = ["PrioritizedSampler", "REDUCTIONS", "check_priorities", "reduce_priority"]
+__all__ = [
+    "PrioritizedSampler",
+    "REDUCTIONS",
+    "check_priorities",
+    "reduce_priority",
+    # TorchRL's tree names (its compiled extension's), re-exported here as in TorchRL
+    "SumSegmentTreeFp32",
+    "SumSegmentTreeFp64",
+    "MinSegmentTreeFp32",
+    "MinSegmentTreeFp64",
+    "CudaSumSegmentTreeFp32",
+    "CudaSumSegmentTreeFp64",
+    "CudaMinSegmentTreeFp32",
+    "CudaMinSegmentTreeFp64",
+]
 
 _NUMPY_DTYPES = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -127,8 +168,24 @@ class PrioritizedSampler(Sampler):
         max_priority_within_buffer (bool): if ``True``, :attr:`default_priority` is the largest priority of
             the items currently stored (overwriting the item that holds it lowers it); if ``False``, the
             largest ever set. Defaults to ``False``.
-        device (torch.device or str, optional): where the trees live: only the CPU (``None`` or ``"cpu"``), as
-            the trees are numpy arrays that can move to shared memory. Defaults to ``None``.
+        device (torch.device or str, optional): where the trees live (see NOTE [prioritized kernels] below).
+            ``None``: the CPU, until a ``sample``/``update_priority``/``mark_update`` passes a storage on another
+            device (the trees then move there, with their priorities); ``"cpu"``: the CPU always; another device
+            (``"cuda"``): torch tensors there. Defaults to ``None``.
+        max_pending (int): how many ``mark_update``/``extend`` calls may wait before their priorities are
+            written, on the torch kernel (one batched write instead of many small ones): they are written before
+            any read (``sample``, ``update_priority``, ``alpha``, ``state_dict``, ``dumps``, pickling), and when a
+            call finds more than ``max_pending`` waiting; ``0`` writes every call at once. The numpy and numba
+            kernels write at once (a write there costs microseconds). Defaults to ``64``.
+
+    NOTE [prioritized kernels]: the trees are numpy arrays (numba loops when installed; shareable with DataLoader
+    workers) or, with the ``torch`` kernel, torch tensors on any device (:mod:`._tensor_priorities`): the
+    kernel is ``torch`` with a ``device`` other than the CPU, when a storage given to ``sample``/
+    ``update_priority``/``mark_update`` is on another device (``device=None``) or ``compilable``, and with
+    ``TORCHRL_SEGMENT_TREE_KERNEL=torch``. Its ``sample``, ``update_priority`` and ``mark_update`` make no host
+    sync and trace under ``torch.compile(fullgraph=True)``; in exchange (as TorchRL's CUDA trees) they do not
+    check positions or priorities (bad ones are skipped or stored as given), and its state is not shared with
+    worker processes (:meth:`share_memory_` raises).
 
     Without a generator (``sampler._rng``, the buffer's ``generator=``), draws come from numpy's global generator,
     as in TorchRL: ``np.random.seed(0)`` makes them reproducible.
@@ -152,6 +209,7 @@ class PrioritizedSampler(Sampler):
 
     requires_shared_state = True
     can_share_state = True
+    draws_in_bounds = True  # positions below len(storage) by construction (clamped on the torch kernel)
 
     def __init__(
         self,
@@ -163,27 +221,85 @@ class PrioritizedSampler(Sampler):
         reduction: str = "max",
         max_priority_within_buffer: bool = False,
         device: torch.device | str | None = None,
+        max_pending: int = 64,
     ) -> None:
         self._max_capacity = _check_max_capacity(max_capacity)
         alpha = _check_alpha(alpha)
         beta = _check_exponent("beta", beta)
         eps = _check_exponent("eps", eps)
         self._dtype = _check_dtype(dtype)
-        self._device = _check_device(device)
+        self._device = check_tree_device(device)
+        self._max_pending = _check_max_pending(max_pending)
         self._reduction = _check_reduction(reduction)
         self._max_priority_within_buffer = bool(max_priority_within_buffer)
         self._storage_shape: tuple[int, ...] | None = None
         self._guard = StateGuard()
         self._scalars = SharedArray(np.zeros(6))
         self._capacity = tree_capacity(self._max_capacity)  # positions that can hold a priority
-        self._sum_tree = SumSegmentTree(self._capacity)
-        # Zero priorities are stored as +inf in the min tree: such items are never drawn, so the weight
-        # normalization uses the smallest positive priority.
-        self._min_tree = MinSegmentTree(self._capacity)
-        self._priority_store = SharedArray(np.full(self._capacity, np.nan))  # raw priorities; NaN = never set
+        self._tensors: TensorPriorities | None = None  # the torch kernel's state (NOTE [prioritized kernels])
+        tensor_device = self._initial_tensor_device()
+        if tensor_device is None:
+            self._sum_tree = SumSegmentTree(self._capacity)
+            # Zero priorities are stored as +inf in the min tree: such items are never drawn, so the weight
+            # normalization uses the smallest positive priority.
+            self._min_tree = MinSegmentTree(self._capacity)
+            self._priority_store = SharedArray(np.full(self._capacity, np.nan))  # raw priorities; NaN = never set
+        else:  # the torch kernel from the start: no numpy trees
+            self._sum_tree = self._min_tree = None
+            self._priority_store = SharedArray(np.full(0, np.nan))
         self._attach_arrays()
         self._alpha, self._beta, self._eps = alpha, beta, eps
+        if tensor_device is not None:
+            self._tensors = self._new_tensors(tensor_device)
         self._reset_state()
+
+    #: Whether this class may keep its trees as torch tensors (a subclass that reads the numpy trees says False).
+    _tensor_kernel_ok = True
+
+    def _initial_tensor_device(self) -> torch.device | None:
+        """The device of the torch kernel at construction, or ``None`` for numpy trees."""
+        return initial_tensor_device(self._device) if self._tensor_kernel_ok else None
+
+    def _new_tensors(self, device: torch.device) -> TensorPriorities:
+        return TensorPriorities(
+            self._max_capacity, self._dtype, device, alpha=self._alpha, beta=self._beta, eps=self._eps,
+            max_pending=self._max_pending, within_buffer=self._max_priority_within_buffer,
+        )  # fmt: skip
+
+    def _tensors_for(self, storage) -> TensorPriorities | None:
+        """The torch kernel's state, switching to it first when ``storage`` asks for it (NOTE [prioritized
+        kernels])."""
+        if self._tensors is not None or storage is None or not self._tensor_kernel_ok:
+            return self._tensors
+        kept = self._numpy_storage
+        if kept is not None and kept() is storage:  # checked already: a storage keeps its device and flag
+            return None
+        device = tensor_device_for(self._device, storage)
+        if device is not None:
+            return self._switch_to_tensors(device)
+        try:
+            self._numpy_storage = weakref.ref(storage)
+        except TypeError:  # (a storage that takes no weak reference is checked every time)
+            pass
+        return None
+
+    #: A weak reference to the last storage found to keep the numpy trees (see :meth:`_tensors_for`).
+    _numpy_storage: weakref.ref | None = None
+
+    def _switch_to_tensors(self, device: torch.device) -> TensorPriorities:
+        """Moves the state to the torch kernel on ``device``, priorities included (TorchRL drops them)."""
+        if self._guard.is_shared:
+            raise RuntimeError(
+                f"This PrioritizedSampler shares its state with worker processes (numpy trees in shared memory), so "
+                f"it cannot move its trees to {device} for a storage there: build it with device='cpu' to keep "
+                f"numpy trees, or do not share it (num_workers=0)."
+            )
+        tensors = self._new_tensors(device)
+        with self._guard.write(self._repair_state):
+            tensors.load(self._priority, self._sum_tree.values, self._min_tree.values, self._max_priority,
+                         self._max_priority_index)  # fmt: skip
+        self._tensors = tensors
+        return tensors
 
     def _attach_arrays(self) -> None:
         """Fetches the numpy views of the stores (after they moved to shared memory or were unpickled)."""
@@ -192,8 +308,11 @@ class PrioritizedSampler(Sampler):
 
     def _reset_state(self) -> None:
         """Forgets every priority, in place (the arrays stay where they are, shared or not)."""
-        self._sum_tree.reset()
-        self._min_tree.reset()
+        if self._tensors is not None:
+            self._tensors.reset()
+        if self._sum_tree is not None:
+            self._sum_tree.reset()
+            self._min_tree.reset()
         self._priority.fill(np.nan)
         self._max_priority = None
         self._max_priority_index = -1
@@ -237,6 +356,13 @@ class PrioritizedSampler(Sampler):
             >>> sampler.share_memory_().is_shared
             True
         """
+        if self._tensors is not None:
+            raise RuntimeError(
+                f"This PrioritizedSampler keeps its trees as torch tensors on {self._tensors.device} (the torch "
+                f"kernel: see NOTE [prioritized kernels] in its docstring), which are not shared with worker "
+                f"processes: use num_workers=0, or a sampler with numpy trees (device=None or 'cpu' over a "
+                f"storage that is neither compilable nor on an accelerator, without TORCHRL_SEGMENT_TREE_KERNEL=torch)."
+            )
         if not self._guard.is_shared:  # private until now: no other process to exclude
             for store in (self._scalars, self._priority_store):
                 store.share_memory_()
@@ -258,10 +384,13 @@ class PrioritizedSampler(Sampler):
         state = super().__getstate__()
         for view in ("_scalar_array", "_priority"):  # views of the stores, which travel (shared or by value)
             state.pop(view, None)
+        state.pop("_numpy_storage", None)
         return state
 
     def __setstate__(self, state) -> None:
         state.setdefault("_device", torch.device("cpu"))
+        state.setdefault("_max_pending", 64)
+        state.setdefault("_tensors", None)
         if "_capacity" not in state:  # pickled before the trees held the positions up to a power of two
             state["_capacity"] = state["_sum_tree"].capacity
         if "_scalars" not in state:  # pickled by a version that kept plain attributes: private arrays
@@ -289,13 +418,28 @@ class PrioritizedSampler(Sampler):
 
     @property
     def device(self) -> torch.device:
-        """Where the trees live: always the CPU (see the ``device`` argument).
+        """Where the trees live now (see the ``device`` argument).
 
         Examples:
             >>> PrioritizedSampler(8, alpha=0.7, beta=0.5).device
             device(type='cpu')
         """
-        return self._device
+        return torch.device("cpu") if self._tensors is None else self._tensors.device
+
+    @property
+    def max_pending(self) -> int:
+        """How many ``mark_update`` calls may wait before their write (see the ``max_pending`` argument)."""
+        return self._max_pending
+
+    @property
+    def kernel(self) -> str:
+        """How the trees run: ``"torch"`` (tensors on :attr:`device`), ``"numba"`` or ``"numpy"``.
+
+        Examples:
+            >>> PrioritizedSampler(8, alpha=0.7, beta=0.5, device="cpu").kernel in ("numpy", "numba", "torch")
+            True
+        """
+        return "torch" if self._tensors is not None else self._sum_tree.kernel
 
     @property
     def alpha(self) -> float:
@@ -324,16 +468,33 @@ class PrioritizedSampler(Sampler):
             self._set_alpha(value)
 
     def _set_alpha(self, value: float) -> None:
+        tensors = self._tensors
+        if tensors is not None:
+            tensors.flush()
         if value == self._alpha:
             return
         if self._alpha == 0:
             # as TorchRL: the priorities written so far were stored as (p + eps) ** 0 = 1 and keep that value
-            if self._written_end > 0 and not np.isnan(self._priority[: self._written_end]).all():
+            if tensors is not None:
+                held = tensors.has_priorities()
+            else:
+                held = self._written_end > 0 and not np.isnan(self._priority[: self._written_end]).all()
+            if held:
                 ALPHA_LEAVES_ZERO.warn(alpha=value, stacklevel=4)
-            self._alpha = value
+            self._set_exponents(alpha=value)
             return
-        self._alpha = value
-        self._reexpress()
+        self._set_exponents(alpha=value)
+        if tensors is not None:
+            tensors.reexpress()
+        else:
+            self._reexpress()
+
+    def _set_exponents(self, **values: float) -> None:
+        """Sets ``alpha``/``beta``/``eps`` in the scalar array and, on the torch kernel, its copies (plain floats)."""
+        for name, value in values.items():
+            setattr(self, f"_{name}", value)
+            if self._tensors is not None:
+                setattr(self._tensors, name, float(value))
 
     @property
     def beta(self) -> float:
@@ -341,7 +502,7 @@ class PrioritizedSampler(Sampler):
 
     @beta.setter
     def beta(self, value: float) -> None:
-        self._beta = _check_exponent("beta", value)
+        self._set_exponents(beta=_check_exponent("beta", value))
 
     @property
     def reduction(self) -> str:
@@ -367,11 +528,17 @@ class PrioritizedSampler(Sampler):
     @property
     def default_priority(self) -> float:
         """The raw priority given to written items: the largest priority seen, ``1.0`` before any."""
+        if self._tensors is not None:
+            return float(self._tensors.default_priority())
         return 1.0 if self._max_priority is None else self._max_priority
 
     # -- sampling -------------------------------------------------------------------------------------------
     def can_sample(self, storage, batch_size: int) -> bool:
         """``True`` once ``storage`` holds an item and the stored items' priorities sum to more than zero."""
+        tensors = self._tensors_for(storage)
+        if tensors is not None:
+            tensors.flush()
+            return storage.has_rows and tensors.total() > 0
         return len(storage) > 0 and self._sum_tree.total > 0
 
     def sample(self, storage, batch_size: int) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -392,6 +559,9 @@ class PrioritizedSampler(Sampler):
         those positions have none and are never drawn. Without a generator the draws come from numpy's global
         generator (``np.random.seed`` reproduces them), as in TorchRL.
         """
+        tensors = self._tensors if self._tensors is not None else self._tensors_for(storage)
+        if tensors is not None:
+            return self._sample_tensors(tensors, storage, batch_size)
         if not getattr(storage, "stable_items", True):
             raise unstable_items_error(self, storage)
         batch_size = check_batch_size(batch_size)
@@ -423,6 +593,23 @@ class PrioritizedSampler(Sampler):
             weight = torch.from_numpy(weight).to(self._dtype)
         index = torch.from_numpy(index)
         return (index if ndim == 1 else unravel(index, storage)), {"priority_weight": weight}
+
+    def _sample_tensors(self, tensors: TensorPriorities, storage, batch_size: int):
+        """:meth:`sample` on the torch kernel: no host sync, one ``torch.compile`` graph (NOTE [tensor priorities
+        without a host sync] in :mod:`._tensor_priorities`). The length is ``storage.len_tensor()``; the index and
+        the weights come back on the storage's device."""
+        if not getattr(storage, "stable_items", True):
+            raise unstable_items_error(self, storage)
+        batch_size = check_batch_size(batch_size)
+        n = check_has_rows(storage)
+        tensors.flush()
+        where = getattr(storage, "device", None)
+        where = torch.device(where) if isinstance(where, (str, torch.device)) else tensors.device
+        index, weight = tensors.sample(batch_size, n, self._rng, dtype=self._dtype, device=where)
+        if storage.ndim > 1:
+            self._remember_shape(storage)
+            return unravel(index, storage), {"priority_weight": weight}
+        return index, {"priority_weight": weight}
 
     def _draw_locked(self, storage, u: np.ndarray, n: int):
         """``(positions, leaf values, smallest stored leaf, beta)`` drawn from one view of the trees (call it
@@ -480,8 +667,15 @@ class PrioritizedSampler(Sampler):
             ValueError: a priority is NaN, infinite or negative.
             TypeError: a priority is not a real number (a complex or boolean value).
 
-        A refused call changes nothing.
+        A refused call changes nothing. On the torch kernel nothing is checked (see NOTE [prioritized kernels]).
         """
+        tensors = self._tensors if self._tensors is not None else self._tensors_for(storage)
+        if tensors is not None:
+            tensors.flush()
+            flat = self._flat_tensor(index, storage, tensors.device)
+            priority = tensor_priority(priority, flat.shape[0], self.reduction, tensors.raw.dtype, tensors.device)
+            tensors.write(flat, priority)
+            return
         flat = self._flat_index(index, storage)
         values = self._priority_values(priority, flat.size)
         if not flat.size:
@@ -552,8 +746,12 @@ class PrioritizedSampler(Sampler):
         """Gives the written items at ``index`` the :attr:`default_priority` (``-1`` entries skipped).
 
         Items written past the positions of the trees (a storage larger than the sampler, as TorchRL accepts)
-        get no priority: they are never drawn.
+        get no priority: they are never drawn. On the torch kernel the write may wait (see ``max_pending``).
         """
+        tensors = self._tensors if self._tensors is not None else self._tensors_for(storage)
+        if tensors is not None:
+            tensors.mark(self._flat_tensor(index, storage, tensors.device))
+            return
         flat = self._flat_index(index, storage)
         if flat.size and flat.max() >= self._capacity:
             flat = flat[flat < self._capacity]
@@ -602,16 +800,25 @@ class PrioritizedSampler(Sampler):
             (1, (1.0, 0), 8.0)
         """
         with self._guard.read(self._repair_state):
+            if self._tensors is not None:  # the torch kernel's state, in the same layout
+                snap = self._tensors.snapshot()
+                top = (snap["max_priority"], snap["max_index"])
+                sums, mins = ({"capacity": self._capacity, "values": torch.from_numpy(snap[k])} for k in ("sum", "min"))
+                priority = torch.from_numpy(snap["priority"])
+            else:
+                top = (self._max_priority, self._max_priority_index)
+                sums, mins = self._sum_tree.state_dict(), self._min_tree.state_dict()
+                priority = torch.from_numpy(self._priority.copy())
             return {
                 "_schema_version": SCHEMA_VERSION,
                 "_alpha": self._alpha,
                 "_beta": self._beta,
                 "_eps": self._eps,
-                "_max_priority": (self._max_priority, self._max_priority_index),
-                "_sum_tree": self._sum_tree.state_dict(),
-                "_min_tree": self._min_tree.state_dict(),
+                "_max_priority": top,
+                "_sum_tree": sums,
+                "_min_tree": mins,
                 "_max_capacity": self._max_capacity,
-                "_priority": torch.from_numpy(self._priority.copy()),
+                "_priority": priority,
             }
 
     def _validate_state(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -622,6 +829,13 @@ class PrioritizedSampler(Sampler):
         return validated_prioritized_state(state, type(self).__name__, self._max_capacity, self._capacity)
 
     def _apply_state(self, state: dict[str, Any]) -> None:
+        tensors = self._tensors
+        if tensors is not None:  # the torch kernel: its tensors replaced in place (pending writes dropped)
+            self._set_exponents(alpha=state["alpha"], beta=state["beta"], eps=state["eps"])
+            tensors.load(state["priority"], state["sum"], state["min"], state["max_priority"], state["max_index"])
+            if state["max_priority"] is None and state["recompute_max"]:
+                tensors.recompute_max()
+            return
         with self._guard.write(self._repair_state):  # in place: a shared state stays shared
             self._alpha, self._beta, self._eps = state["alpha"], state["beta"], state["eps"]
             self._priority[:] = state["priority"]
@@ -649,15 +863,9 @@ class PrioritizedSampler(Sampler):
             (1, [1.0, 0])
         """
         super().dumps(path, **kwargs)
-        with self._guard.read(self._repair_state):
-            meta = {
-                "_schema_version": SCHEMA_VERSION,
-                "_alpha": self._alpha,
-                "_beta": self._beta,
-                "_eps": self._eps,
-                "_max_capacity": self._max_capacity,
-                "_max_priority": [self._max_priority, self._max_priority_index],
-            }
+        state = self.state_dict()
+        meta = {key: state[key] for key in ("_schema_version", "_alpha", "_beta", "_eps", "_max_capacity")}
+        meta["_max_priority"] = list(state["_max_priority"])
         raw = json.dumps(meta).encode()  # beside the checkpoint, replaced atomically (loads does not read it)
         write_file_atomically(
             os.path.join(os.fspath(path), _SAMPLER_METADATA),
@@ -746,6 +954,16 @@ class PrioritizedSampler(Sampler):
         if rows.shape[-1] == 1:
             return _as_index_array(rows.reshape(-1))
         return self._ravel([_as_index_array(rows[:, d]) for d in range(rows.shape[-1])])
+
+    def _flat_tensor(self, index, storage, device: torch.device) -> torch.Tensor:
+        """:meth:`_flat_index` as an int64 tensor on ``device``, by tensor ops only for tensor indices (flat
+        positions, per-dimension coordinates, ``[N, ndim]`` rows): no host sync, nothing checked."""
+        if storage is not None and storage.ndim > 1:
+            self._remember_shape(storage)
+        flat = tensor_positions(index, self._storage_shape, device)
+        if flat is None:  # other forms (ints, sequences, arrays): checked on the host
+            flat = torch.from_numpy(self._flat_index(index, storage)).to(device)
+        return flat
 
     def _ravel(self, coords: list[np.ndarray]) -> np.ndarray:
         return _ravel_coords(coords, self._storage_shape)

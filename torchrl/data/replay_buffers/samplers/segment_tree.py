@@ -28,6 +28,9 @@ With the ``numba`` extra installed, the per-level loops of updates and searches 
 bit-identical results (see :mod:`._tree_kernels` and its NOTE [identical draws]); ``kernel="numpy"`` or
 ``TORCHRL_SEGMENT_TREE_KERNEL=numpy`` keeps the numpy calls.
 
+Trees as torch tensors on any device (the ``torch`` kernel, with TorchRL's tree API and names,
+``SumSegmentTreeFp32`` and its siblings) live in :mod:`.tensor_segment_tree`.
+
 The array can move to shared memory (:meth:`~_SegmentTree.share_memory_`), so that DataLoader workers sample
 from the tree the main process updates; the tree itself takes no lock (the prioritized samplers do).
 """
