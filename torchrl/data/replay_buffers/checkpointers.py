@@ -76,8 +76,11 @@ and writes the rows written since as *patches*: its part then holds ``base_rows`
 stop]`` row ranges, applied in order over the base rows) and each leaf names its ``base`` tensor and one tensor
 per patch (``<prefix>storage_patches/<version>-<i>-<leaf position>``) instead of ``tensor``. Files of a complete
 checkpoint are never modified, so the crash safety above holds unchanged; a dump whose patches would cover more
-than a quarter of the rows, or any other storage's dump, is a full one. ``TensorStorageCheckpointer(
-incremental=False)`` turns them off for a storage (see :func:`dump_component`).
+than a quarter of the rows, or any other storage's dump, is a full one. Rows the storage handed out as views
+(``storage[a:b]``, ``rb[a:b]``, ``get_entry``), which may be edited in place without a write, are compared by
+digest and written again when changed (NOTE [edits through views] in ``storages/_incremental.py``).
+``TensorStorageCheckpointer(incremental=False)`` turns incremental dumps off for a storage (see
+:func:`dump_component`).
 
 Storage checkpointers (TorchRL's names). ``storage.dumps``/``storage.loads`` go through ``storage.checkpointer``,
 whose default depends on the storage class: :class:`TensorStorageCheckpointer`, :class:`ListStorageCheckpointer`,
@@ -240,8 +243,8 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
 
     Keyword Args:
         incremental (bool): allow incremental dumps of the storage. ``False`` writes every row at every dump:
-            for storages whose tensors are changed in place (through a view from ``storage[a:b]`` or
-            ``get_entry``), which row tracking cannot see. Defaults to ``True``.
+            for storages whose rows are edited in place through views taken in *another* process (views taken
+            in the dumping process are checked by digest). Defaults to ``True``.
 
     Examples:
         >>> import os, tempfile, torch

@@ -396,9 +396,11 @@ def dump_component(obj, path, *, fsync: bool = True, progress: bool | None = Non
     the previous one (see NOTE [incremental dumps] in :mod:`torchrl.data.replay_buffers._checkpoint.format`).
     Anything else (another storage's checkpoint, a private RAM storage, a storage loaded or changed in layout
     since, patches adding up to a quarter of the rows) gives a full dump, and loads read either the same way.
+    Rows handed out as views (``storage[a:b]``, ``get_entry``) are checked by digest, so in-place edits through
+    them are saved (NOTE [edits through views] in ``storages/_incremental.py``).
     A storage whose checkpointer is ``TensorStorageCheckpointer(incremental=False)`` always dumps in full: use
-    it when stored tensors are changed in place (a write into a view from ``storage[a:b]`` or ``get_entry``),
-    which the storage cannot see.
+    it when stored tensors are changed in place through views taken in another process, which the storage
+    cannot see.
 
     Args:
         obj: the component.

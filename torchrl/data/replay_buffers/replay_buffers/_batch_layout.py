@@ -1,5 +1,5 @@
-"""How written data is laid out for a storage: the item dim first, how many items a batch holds, whether a value
-shares the storage's memory, and where a writer resumes in a storage it is given.
+"""How written data is laid out for a storage: the item dim first, how many items a batch holds, and where a
+writer resumes in a storage it is given.
 
 Functions of the values they read (tensors, TensorDicts, tensorclasses, pytrees of tensors); used by
 :class:`~torchrl.data.ReplayBuffer`'s writes and :meth:`~torchrl.data.ReplayBuffer.set_storage`.
@@ -9,24 +9,6 @@ from __future__ import annotations
 
 import torch
 from tensordict import TensorDictBase, is_tensorclass
-
-
-def tensor_leaves(data) -> list:
-    """The tensor leaves of ``data`` (itself for a tensor; none for other values)."""
-    if isinstance(data, torch.Tensor):
-        return [data]
-    if isinstance(data, TensorDictBase) or is_tensorclass(data):
-        return [leaf for leaf in data.values(include_nested=True, leaves_only=True) if isinstance(leaf, torch.Tensor)]
-    return []
-
-
-def shares_memory(value, stored) -> bool:
-    """Whether a tensor leaf of ``value`` lives in the memory of a tensor leaf of ``stored``."""
-    leaves = tensor_leaves(value)
-    if not leaves:
-        return False
-    ptrs = {leaf.untyped_storage().data_ptr() for leaf in tensor_leaves(stored) if leaf.device.type != "meta"}
-    return any(leaf.device.type != "meta" and leaf.untyped_storage().data_ptr() in ptrs for leaf in leaves)
 
 
 def move_dim_to_front(data, dim: int):

@@ -60,7 +60,6 @@ from torchrl.data.replay_buffers.replay_buffers._batch_layout import (
     items_in,
     move_dim_to_front,
     next_row,
-    shares_memory,
 )
 from torchrl.data.replay_buffers.replay_buffers._checks import (
     built,
@@ -944,7 +943,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             value = self._transform.inv(value)
         storage = self._storage
         with self._replay_lock, storage.write_lock:
-            if isinstance(storage, TensorStorage) and len(storage) and shares_memory(value, storage[:]):
+            if isinstance(storage, TensorStorage) and len(storage) and storage.shares_memory_with(value):
                 value = value.clone()  # a read of the storage written back: source and destination overlap
             storage.set_in_layout(index, value, self._dim_extend)
             if isinstance(index, slice):

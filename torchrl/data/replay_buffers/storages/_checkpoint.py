@@ -61,13 +61,15 @@ def tensor_storage_part(
     last_row: int,
     ctx: PartContext,
     versions=None,
+    exposed=None,
 ) -> tuple[dict, dict]:
     """The part of a tensor storage whose data is ``backing`` (``None`` before the first write).
 
     When every file of a memory-mapped backing lies in the checkpoint's own ``storage`` directory, every row is
     saved, so that ``write_checkpoint`` hard-links the files instead of copying them. Otherwise the part carries
     a ``checkpoint_id``, and with ``versions`` (the storage's row versions) a dump onto a checkpoint this
-    storage wrote is incremental (see :mod:`._incremental`).
+    storage wrote is incremental (see :mod:`._incremental`); ``exposed`` marks the rows handed out as views,
+    checked by digest (NOTE [edits through views] there).
     """
     doc: dict[str, Any] = {
         "class": qualname(storage),
@@ -107,11 +109,12 @@ def tensor_storage_part(
     if not whole:
         ident = _inc.checkpoint_id(versions)
         _inc.set_checkpoint_id(ctx, ident)
-        plan = None if versions is None else _inc.plan(versions, doc, ctx)
+        digests = None if versions is None else _inc.block_digests(backing, keys, saved_rows, exposed)
+        plan = None if versions is None else _inc.plan(versions, doc, ctx, digests)
         patched = None if plan is None else _patched_part(doc, plan, backing, keys, ctx, ident["version"])
         if versions is not None:
             reused = {} if patched is None else plan.reused
-            _inc.remember_after_write(versions, ctx, doc if patched is None else patched[1], ident, reused)
+            _inc.remember_after_write(versions, ctx, doc if patched is None else patched[1], ident, reused, digests)
         if patched is not None:
             return patched
     tensors = {leaf["tensor"]: backing.get(key)[:saved_rows] for leaf, key in zip(leaves, keys)}

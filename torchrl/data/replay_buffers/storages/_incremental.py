@@ -24,6 +24,16 @@ more than :data:`MAX_PATCHES`: loads then read no more than 1.25x the bytes of a
 What a storage remembers is process-local, keyed by its row versions object (never pickled): a copy of the
 storage in another process, or a storage rebuilt by pickling with fresh row versions, dumps in full first. A
 storage loaded from a checkpoint remembers that one, so that the next dump there (resuming a run) is incremental.
+
+NOTE [edits through views]: row versions see the writes of the storage (``set``, a writer's ``extend``), not an
+in-place edit of a tensor that aliases its rows: a view handed out by ``storage.get(slice)``, ``rb[a:b]``,
+``get(int)``, ``get_entry`` or ``flatten`` (``rb[0:10]["obs"].add_(1)``), before or after a dump, held or not.
+The storage marks the rows of every view it hands out as *exposed* (for good: a view may live on), per entry
+for ``get_entry`` (the column reads of slice samplers and queries expose that column only). A dump computes a
+digest (CRC32) of each block of :data:`BLOCK_ROWS` rows of an entry holding an exposed row and remembers them;
+the next incremental dump re-saves every block whose digest changed or is unknown. Rows never handed out as
+views cost nothing; an exposed block costs one read of its bytes per dump. Views taken in another
+process sharing the storage are not seen: dump such a storage with ``TensorStorageCheckpointer(incremental=False)``.
 """
 
 from __future__ import annotations
@@ -31,9 +41,11 @@ from __future__ import annotations
 import os
 import secrets
 import weakref
+import zlib
 from typing import Any, NamedTuple
 
 import numpy as np
+import torch
 
 from torchrl.data.replay_buffers._checkpoint.io import MEMMAP_SUFFIX, file_identity
 
@@ -44,6 +56,8 @@ MAX_NEW_PATCHES = 8
 #: a full dump once the patches would hold more rows than this fraction of the saved rows
 MAX_PATCHED_FRACTION = 0.25
 _MAX_RECORDS = 8
+#: the rows of one digest of exposed rows (NOTE [edits through views])
+BLOCK_ROWS = 64
 
 
 class _Record(NamedTuple):
@@ -55,6 +69,7 @@ class _Record(NamedTuple):
     version: int
     files: dict
     durable: frozenset
+    digests: dict = {}  # (leaf, block) -> CRC32 of the exposed blocks as saved (NOTE [edits through views])
 
 
 class _Lineage:
@@ -140,9 +155,33 @@ def _ranges(mask: np.ndarray, limit: int) -> list[list[int]]:
     return [[int(a), int(b)] for a, b in zip(starts, stops)]
 
 
-def plan(versions, doc: dict, ctx) -> Plan | None:
+def block_digests(backing, keys, rows: int, exposed: dict | None) -> dict[tuple, int]:
+    """``{(leaf position, block): CRC32}`` of every block of :data:`BLOCK_ROWS` rows among the first ``rows`` of
+    each leaf ``keys`` of ``backing`` (CPU tensors) holding a row ``exposed`` in it: ``exposed`` maps a leaf key,
+    or ``None`` for every leaf, to a mask of the rows handed out as views (NOTE [edits through views])."""
+    if not exposed:
+        return {}
+    starts = np.arange(0, rows, BLOCK_ROWS)
+    digests = {}
+    for position, key in enumerate(keys):
+        hit = None
+        for mask in (exposed.get(None), exposed.get(key)):
+            if mask is not None:
+                hit = mask[:rows] if hit is None else hit | mask[:rows]
+        if hit is None or not rows or not hit.any():
+            continue
+        leaf = backing.get(key)
+        for block in np.flatnonzero(np.add.reduceat(hit, starts)).tolist():
+            start, stop = block * BLOCK_ROWS, min(rows, (block + 1) * BLOCK_ROWS)
+            data = leaf[start:stop].contiguous().view(-1).view(torch.uint8).numpy()
+            digests[(position, block)] = zlib.crc32(data)
+    return digests
+
+
+def plan(versions, doc: dict, ctx, digests: dict | None = None) -> Plan | None:
     """What an incremental dump of the part ``doc`` (a full tensor storage part being built) may reuse, or
-    ``None`` for a full dump."""
+    ``None`` for a full dump. ``digests``: :func:`block_digests` of the rows now; a block whose digest differs
+    from the one remembered is written again (NOTE [edits through views])."""
     previous = ctx.facts.get("previous")
     lineage = _LINEAGES.get(versions)
     if previous is None or lineage is None:
@@ -166,6 +205,9 @@ def plan(versions, doc: dict, ctx) -> Plan | None:
     dirty = versions.torn(record.version, np.arange(saved_rows))
     mask = np.zeros(saved_rows, dtype=bool) if dirty is None else np.asarray(dirty, dtype=bool)
     mask[old_rows:] = True  # rows the previous checkpoint did not hold
+    for (position, block), crc in (digests or {}).items():  # edited through a view, or not known as saved
+        if record.digests.get((position, block)) != crc:
+            mask[block * BLOCK_ROWS : (block + 1) * BLOCK_ROWS] = True
     ranges = _ranges(mask, MAX_NEW_PATCHES) if mask.any() else []
     patches = (old.get("patches") or []) + ranges
     patched_rows = sum(stop - start for start, stop in patches)
@@ -191,9 +233,10 @@ def set_checkpoint_id(ctx, ident: dict) -> None:
     ctx.facts.setdefault("checkpoint_ids", {})[ctx.name("storage")] = ident
 
 
-def remember_after_write(versions, ctx, doc: dict, ident: dict, reused: dict) -> None:
+def remember_after_write(versions, ctx, doc: dict, ident: dict, reused: dict, digests: dict | None = None) -> None:
     """Once the checkpoint holding ``doc`` is in place, remembers it (for the next dump at ``ctx.path``);
-    ``reused`` are the files linked from the previous checkpoint (name -> ``ReusedFile``)."""
+    ``reused`` are the files linked from the previous checkpoint (name -> ``ReusedFile``), ``digests`` those of
+    its exposed blocks (NOTE [edits through views])."""
     lineage, key = _lineage(versions), (ctx.path, ctx.prefix)
     lineage.records.pop(key, None)  # the checkpoint there is being replaced
     names = part_tensors(doc)
@@ -205,7 +248,7 @@ def remember_after_write(versions, ctx, doc: dict, ident: dict, reused: dict) ->
     def remember() -> None:
         files = {name: file_identity(file_of(ctx.path, name)) for name in names}
         if None not in files.values():
-            lineage.remember(key, _Record(ident, ident["version"], files, durable))
+            lineage.remember(key, _Record(ident, ident["version"], files, durable, dict(digests or {})))
 
     ctx.facts.setdefault("after_write", []).append(remember)
 

@@ -30,7 +30,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_tensor_collection, lazy_stack
+from tensordict import (
+    LazyStackedTensorDict,
+    TensorDict,
+    TensorDictBase,
+    is_tensor_collection,
+    is_tensorclass,
+    lazy_stack,
+)
 
 import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
 from torchrl._phrases import TorchRLPhrase
@@ -372,7 +379,10 @@ class TensorStorage(Storage):
         """
         if (self._storage is None and not self.initialized) or self._codec.kind == "tensor":
             return None
-        return self._storage.get(key, None)
+        column = self._storage.get(key, None)
+        if column is not None:  # a view of every row of that entry (NOTE [edits through views])
+            self._expose(slice(None), key=key if isinstance(key, tuple) else (key,))
+        return column
 
     def __len__(self) -> int:
         rows = self._counters.cells[_ROWS]
@@ -669,12 +679,17 @@ class TensorStorage(Storage):
                 elif len(index) == self.ndim and not any(isinstance(i, (slice, type(Ellipsis))) for i in index):
                     return self._gather_cells(index, rows)
                 else:
+                    self._expose(slice(0, rows))
                     return self._codec.decode(backing[:rows][index])
-            if is_int(index):
-                return self._codec.decode(backing[check_int(index, rows)])
+            if is_int(index):  # views of the rows from here on (NOTE [edits through views])
+                row = check_int(index, rows)
+                self._expose(row)
+                return self._codec.decode(backing[row])
             if isinstance(index, slice):
+                self._expose(slice(0, rows), index)
                 return self._codec.decode(backing[:rows][index])
             if index is Ellipsis:
+                self._expose(slice(0, rows))
                 return self._codec.decode(backing[:rows])
             masks = (rows, backing.batch_size[0])
             index = check_bounds(as_index_tensor(index, device=backing.device, mask_sizes=masks), rows)
@@ -695,6 +710,25 @@ class TensorStorage(Storage):
         if self._versions is not None and self.consistent_reads:
             return self._gather_consistent(self._storage, index, index.numpy())
         return self._gather(self._storage, index)
+
+    #: The rows handed out as views, for storages dumped incrementally (those with row versions): a mask of
+    #: rows per entry key (``None``: every entry). NOTE [edits through views] in ``_incremental.py``.
+    _exposed: dict | None = None
+
+    def _expose(self, rows, within: slice | None = None, key=None) -> None:
+        """Marks ``rows`` (an int or a slice; ``within`` a slice of that slice) of entry ``key`` (``None``:
+        every entry) as handed out in a view."""
+        if self._versions is None:
+            return
+        if self._exposed is None:
+            self._exposed = {}
+        mask = self._exposed.get(key)
+        if mask is None or mask.size != self._storage.batch_size[0]:
+            mask = self._exposed[key] = np.zeros(self._storage.batch_size[0], dtype=bool)
+        if within is None:
+            mask[rows] = True
+        else:
+            mask[rows][within] = True
 
     def _select(self, backing: TensorDictBase, index: torch.Tensor):
         """The rows ``index`` of ``backing``: a tensor for tensor data, else a TensorDict (not decoded)."""
@@ -756,12 +790,38 @@ class TensorStorage(Storage):
         if not self.initialized:
             raise RuntimeError("Cannot flatten an uninitialized storage: write data first.")
         rows = self._counters["rows"]
+        self._expose(slice(0, rows))  # the flat storage writes into these rows (NOTE [edits through views])
         view = self._storage[:rows].reshape(-1, *self._storage.batch_size[self.ndim :])
         flat = TensorStorage(None, max_size=max(1, view.batch_size[0]), device=self.device)
         flat._adopt(view, self._codec)
         flat._counters["rows"] = flat._counters["written"] = view.batch_size[0]
         flat._counters["last_row"] = view.batch_size[0] - 1
         return flat
+
+    def shares_memory_with(self, value) -> bool:
+        """Whether a tensor leaf of ``value`` (a tensor, TensorDict or tensorclass) lives in the memory of this
+        storage's data: a read of the storage about to be written back, e.g. ``rb[idx] = rb[:]``.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage
+            >>> storage = LazyTensorStorage(4)
+            >>> storage.set(torch.arange(2), torch.zeros(2, 3))
+            >>> storage.shares_memory_with(storage[:]), storage.shares_memory_with(torch.zeros(2, 3))
+            (True, False)
+        """
+        backing = self._storage
+        if backing is None:
+            return False
+        if isinstance(value, torch.Tensor):
+            leaves = [value]
+        elif isinstance(value, TensorDictBase) or is_tensorclass(value):
+            leaves = [v for v in value.values(include_nested=True, leaves_only=True) if isinstance(v, torch.Tensor)]
+        else:
+            return False
+        stored = backing.values(include_nested=True, leaves_only=True)
+        ptrs = {leaf.untyped_storage().data_ptr() for leaf in stored if leaf.device.type != "meta"}
+        return any(leaf.device.type != "meta" and leaf.untyped_storage().data_ptr() in ptrs for leaf in leaves)
 
     def contains(self, item) -> bool:
         rows = self._counters["rows"]
@@ -885,7 +945,9 @@ class TensorStorage(Storage):
         rows, last_row = self._counters["rows"], self._counters["last_row"]
         # row stamps: what makes dumps onto this storage's checkpoints incremental (unless its checkpointer says no)
         versions = self._versions if getattr(self._checkpointer, "incremental", True) else None
-        return _ckpt.tensor_storage_part(self, self._storage, self._codec, rows, last_row, ctx, versions=versions)
+        return _ckpt.tensor_storage_part(
+            self, self._storage, self._codec, rows, last_row, ctx, versions=versions, exposed=self._exposed
+        )
 
     def check_checkpoint_part(self, doc: dict, tensors, ctx: PartContext) -> None:
         self.initialized  # noqa: B018
