@@ -13,6 +13,7 @@ import time
 import torch
 
 from helpers.factories import tagged_rows
+from torchrl.data import RoundRobinWriter
 
 
 def child_read_storage(storage, queue) -> None:
@@ -98,3 +99,56 @@ def child_draw_and_report_sampler_state(dataset, queue, prioritized: bool) -> No
         queue.put(("ok", pickle.dumps(rb.sampler.state_dict())))
     except Exception as err:  # the parent reports it
         queue.put(("error", repr(err)))
+
+
+# -- flow reservations of processes killed inside them (buffers/test_flow_reservations.py) ---------------------------
+class PausingWriter(RoundRobinWriter):
+    """A round-robin writer that, once a process set its ``pause`` (an Event), sets it inside the next write's
+    ``prepare()`` (under the rate limiter's insert reservation, before the write lock) and sleeps there: a
+    process to kill while it holds the reservation."""
+
+    pause = None
+
+    def prepare(self, data):
+        if self.pause is not None:
+            self.pause.set()
+            time.sleep(120)
+        return super().prepare(data)
+
+
+class PauseOnSample:
+    """A sample transform that sets ``event`` and sleeps: a draw to kill while it holds its sample reservation."""
+
+    def __init__(self, event) -> None:
+        self.event = event
+
+    def __call__(self, data):
+        self.event.set()
+        time.sleep(120)
+        return data
+
+
+def child_extend_paused(rb, paused, n: int) -> None:
+    """Extends ``rb`` (a buffer with a :class:`PausingWriter`) by ``n`` items, pausing inside the reservation."""
+    rb.writer.pause = paused
+    rb.extend(torch.arange(n), timeout=60.0)
+
+
+def child_sample_paused(rb, paused, batch_size: int) -> None:
+    """``rb.sample(batch_size, wait=True)``, pausing inside the draw (after the reservation was taken)."""
+    rb.append_transform(PauseOnSample(paused))
+    rb.sample(batch_size, wait=True, timeout=60.0)
+
+
+def child_extend_batches(rb, batches: int, batch: int, start) -> None:
+    """Waits for ``start``, then writes ``batches`` x ``batch`` items, each write waiting 30 s at most."""
+    start.wait(60)
+    for b in range(batches):
+        rb.extend(torch.arange(b * batch, (b + 1) * batch), timeout=30.0)
+
+
+def child_hold_flow_lock(rb, held, seconds: float) -> None:
+    """Takes the buffer's flow lock (its readiness and rate-limiter counters), sets ``held`` and sleeps."""
+    with rb._flow.lock:
+        held.set()
+        time.sleep(seconds)

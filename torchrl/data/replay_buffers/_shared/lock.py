@@ -35,6 +35,7 @@ import re
 import stat
 import tempfile
 import threading
+import time
 import weakref
 
 from torchrl.data.replay_buffers._shared.cleanup import (
@@ -81,6 +82,7 @@ _SPINS = 50  # non-blocking tries (yielding the core in between) before a writer
 _swept_in_pid: int | None = None  # the process whose first lock swept the stale lock files
 _get_ident = threading.get_ident
 _getpid = os.getpid
+_monotonic = time.monotonic
 _file_lock = fcntl.flock
 _EX_NB = fcntl.LOCK_EX | fcntl.LOCK_NB
 
@@ -224,14 +226,19 @@ class ProcessLock:
         """Whether the calling thread holds the lock."""
         return self._owner == threading.get_ident() and self._pid == os.getpid()
 
-    def acquire(self, blocking: bool = True) -> bool:
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Takes the lock (re-entrant); as ``threading.Lock.acquire``: with ``blocking=False`` a single try, with
+        ``timeout >= 0`` (seconds) at most that long, both returning ``False`` when the lock stayed taken."""
         me = _get_ident()
         if self._owner == me:  # re-entry: the common case inside a write, kept to a compare and an add
             self._depth += 1
             return True
         if self._pid != _getpid():  # copied by fork without the at-fork hook (should not happen)
             self._after_fork_in_child()
-        if not self._thread_lock.acquire(blocking):
+        if timeout is None:
+            timeout = -1
+        deadline = None if timeout < 0 else _monotonic() + timeout
+        if not self._thread_lock.acquire(blocking, timeout):
             return False
         try:
             fd = self._fd
@@ -240,7 +247,7 @@ class ProcessLock:
                     _file_lock(fd, _EX_NB)
                 except BlockingIOError:
                     fd = None
-            if fd is None and not self._flock(blocking):
+            if fd is None and not self._flock(blocking, deadline):
                 self._thread_lock.release()
                 return False
         except BaseException:
@@ -250,7 +257,7 @@ class ProcessLock:
         self._depth = 1
         return True
 
-    def _flock(self, blocking: bool) -> bool:
+    def _flock(self, blocking: bool, deadline: float | None = None) -> bool:
         fd = self._open()
         # a holder keeps the lock for a write (tens of microseconds): a few non-blocking tries that yield the
         # core in between hand the lock over faster than sleeping in the kernel and being woken up
@@ -262,8 +269,22 @@ class ProcessLock:
                 os.sched_yield()
         if not blocking:
             return False
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return True
+        if deadline is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return True
+        # a blocking flock cannot be given a deadline: poll, sleeping 0.5 ms doubling to 5 ms in between
+        delay = 0.0005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                pass
+            remaining = deadline - _monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(delay, remaining))
+            delay = min(2 * delay, 0.005)
 
     def release(self) -> None:
         if self._owner != _get_ident():

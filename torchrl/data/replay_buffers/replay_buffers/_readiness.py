@@ -108,12 +108,18 @@ os.register_at_fork(after_in_child=_after_fork)
 
 # positions in COUNTERS, for the hot paths that read and write the counters' memoryview (SharedCounters.cells)
 CELL_SAMPLE_CALLS, CELL_SAMPLES_RETURNED, CELL_RESERVED_SAMPLES, CELL_CLOSED = 0, 1, 2, 6
+CELL_RESERVED_INSERTS = 3
 #: How many processes (FlowControl objects) of a shared buffer count their draws in slots of their own
 #: (NOTE [draw counts of a shared buffer]); the others count under the cross-process lock.
 SLOTS = 64
 # the slot table: the number of slots claimed, then per slot: its owner's pid, a version, sample_calls and
-# samples_returned
-_SLOT_FIELDS = ("owner", "version", "calls", "returned")
+# samples_returned; the owner's start time (/proc/<pid>/stat, to tell a reused pid), the reservations it holds
+# (NOTE [reservations belong to a process]), when it last wrote through the limiter (ns since the epoch) and
+# how many items
+_SLOT_FIELDS = ("owner", "version", "calls", "returned", "start", "held_samples", "held_inserts", "wrote_at",
+                "written")  # fmt: skip
+_STRIDE = len(_SLOT_FIELDS)
+_START, _HELD_SAMPLES, _HELD_INSERTS, _WROTE_AT, _WRITTEN = range(4, _STRIDE)
 _SLOT_NAMES = ("claimed", *(f"{field}{i}" for i in range(SLOTS) for field in _SLOT_FIELDS))
 #: The counters a checkpoint keeps (reservations belong to calls in flight: they restart at 0).
 SAVED_COUNTERS = ("sample_calls", "samples_returned", "sample_wait_count", "insert_wait_count")
@@ -150,6 +156,20 @@ class FlowControl:
     counters plus the sum of the slots (:meth:`get`, :meth:`as_dict`): exact at every moment. Resets and loads
     set the cells so that the sums come out right; draws behind a limiter are counted in the cells, with
     their reservation, under the lock.
+
+    NOTE [reservations belong to a process]: a limiter's reservation (a waited-for sample between its permission
+    and its commit, an insert between its permission and the end of its write) is added to ``reserved_samples``
+    / ``reserved_inserts`` and to the ``held_*`` fields of the slot of the process that took it (the slot
+    records its owner's pid and start time); its release takes back no more than the slot holds. A process
+    killed inside a reservation leaves it in its slot: before a refusal becomes a wait, before each sleep of a
+    wait, and in :meth:`stats`, :meth:`give_back_dead` gives back the reservations of every slot whose owner is
+    gone (``os.kill(pid, 0)`` finds no process, ``/proc`` shows a zombie, or the pid now names a process started
+    at another time), and a slot taken over gives back what it held. Reserving writes the slot before the
+    counter and releasing the counter before the slot, so a kill between the two stores can only let the
+    limiter be briefly generous, never hold a reservation that no one gives back. A shared buffer whose slot
+    table is full (:data:`SLOTS` live processes) keeps the reservations of further processes untracked. The
+    slot also records when its process last wrote through the limiter (:meth:`writers`), which a sample's
+    ``TimeoutError`` reports (only writes can end a sample's wait).
 
     Examples:
         >>> from torchrl.data.replay_buffers.replay_buffers._readiness import FlowControl
@@ -201,6 +221,12 @@ class FlowControl:
                 self._slots = SharedCounters(_SLOT_NAMES, shared=True)
                 self._process_lock = ProcessLock()
                 self._attach()
+                cells = self.cells  # reservations of calls in flight: this process's
+                if cells[CELL_RESERVED_SAMPLES] or cells[CELL_RESERVED_INSERTS]:
+                    at = self._claim_slot()
+                    if at >= 0:
+                        self.slot_cells[at + _HELD_SAMPLES] = cells[CELL_RESERVED_SAMPLES]
+                        self.slot_cells[at + _HELD_INSERTS] = cells[CELL_RESERVED_INSERTS]
         return self
 
     # -- the slots of a shared buffer's draw counts: NOTE [draw counts of a shared buffer] ------------------
@@ -213,15 +239,18 @@ class FlowControl:
             with self._process_lock:
                 claimed = slots[0]
                 for i in range(claimed):  # a dead process's slot first: its counts stay in the sums
-                    owner = 1 + 4 * i
-                    if _is_dead(slots[owner]):
+                    owner = 1 + _STRIDE * i
+                    if _is_dead(slots[owner], slots[owner + _START]):
                         at = owner
+                        self._give_back_slot(at)  # the reservations it held are no one's now
                         break
                 if at < 0 and claimed < SLOTS:
-                    at = 1 + 4 * claimed
+                    at = 1 + _STRIDE * claimed
                     slots[0] = claimed + 1
                 if at >= 0:
                     slots[at] = pid
+                    slots[at + _START] = _process_start(pid)
+                    slots[at + _WROTE_AT] = slots[at + _WRITTEN] = 0
                     if slots[at + 1] & 1:  # its owner died while counting: even again
                         slots[at + 1] += 1
         self._slot_pid, self._slot_at = pid, at
@@ -233,7 +262,7 @@ class FlowControl:
         if slots is None:
             return 0, 0
         calls = returned = 0
-        for at in range(1, 1 + 4 * slots[0], 4):
+        for at in range(1, 1 + _STRIDE * slots[0], _STRIDE):
             for _ in range(1000):  # a pair changes within a few instructions; a writer killed meanwhile never
                 # ends its change: then the pair as it is
                 version = slots[at + 1]
@@ -261,10 +290,135 @@ class FlowControl:
         return values
 
     def _set_totals(self, values: dict[str, int]) -> None:
-        """Sets counters to ``values`` (under the lock), their cells less what the slots hold."""
+        """Sets counters to ``values`` (under the lock), their cells less what the slots hold; setting a
+        reservation counter forgets whose its reservations were (a call in flight then gives back nothing)."""
         in_slots = dict(zip(("sample_calls", "samples_returned"), self.slot_sums()))
         for name, value in values.items():
             self._counters[name] = value - in_slots.get(name, 0)
+        slots = self.slot_cells
+        if slots is not None:
+            for field, name in ((_HELD_SAMPLES, "reserved_samples"), (_HELD_INSERTS, "reserved_inserts")):
+                if name in values:
+                    for at in range(1, 1 + _STRIDE * slots[0], _STRIDE):
+                        slots[at + field] = 0
+
+    # -- reservations, each held by the process that took it: NOTE [reservations belong to a process] ----------
+    def _own_slot(self) -> int:
+        """This object's slot in this process (claimed now if needed), or -1: private, or the table is full."""
+        if self.slot_cells is None:
+            return -1
+        return self._slot_at if self._slot_pid == _pid[0] else self._claim_slot()
+
+    def _hold(self, cell: int, field: int, n: int) -> None:
+        """Under the lock: reserves ``n`` in counter ``cell``, recorded as this process's in its slot first."""
+        at = self._own_slot()
+        if at >= 0:
+            self.slot_cells[at + field] += n
+        self.cells[cell] += n
+
+    def _unhold(self, cell: int, field: int, n: int) -> None:
+        """Under the lock: gives back ``n`` of this process's reservations in counter ``cell`` (no more than its
+        slot holds), the counter first."""
+        at = self._own_slot()
+        slots = self.slot_cells
+        if at >= 0:
+            n = min(n, slots[at + field])
+        left = self.cells[cell] - n
+        self.cells[cell] = left if left > 0 else 0
+        if at >= 0:
+            slots[at + field] -= n
+
+    def _give_back_slot(self, at: int) -> int:
+        """Under the lock: gives back every reservation the slot at ``at`` holds; returns how many."""
+        slots, cells, freed = self.slot_cells, self.cells, 0
+        for field, cell in ((_HELD_SAMPLES, CELL_RESERVED_SAMPLES), (_HELD_INSERTS, CELL_RESERVED_INSERTS)):
+            held = slots[at + field]
+            if held:
+                cells[cell] = max(0, cells[cell] - held)
+                slots[at + field] = 0
+                freed += held
+        return freed
+
+    def give_back_dead(self, deadline: float | None = None) -> int:
+        """Gives back the reservations of the processes that are gone (killed inside a write or a draw): their
+        pid is dead or a zombie, or reused by another process. Returns how many records and items came back
+        (``0`` at once for a private buffer, or when every holder lives: a read of the slots without the lock).
+        ``deadline`` (``time.monotonic()``) bounds the wait for the lock (``TimeoutError``)."""
+        slots = self.slot_cells
+        if slots is None:
+            return 0
+        me = _pid[0]
+        gone = [
+            at for at in range(1, 1 + _STRIDE * slots[0], _STRIDE)
+            if (slots[at + _HELD_SAMPLES] or slots[at + _HELD_INSERTS]) and slots[at] != me
+            and _is_dead(slots[at], slots[at + _START])
+        ]  # fmt: skip
+        if not gone:
+            return 0
+        freed = 0
+        self._acquire_by(deadline)
+        try:
+            for at in gone:  # again under the lock: a slot taken over meanwhile holds its new owner's
+                if _is_dead(slots[at], slots[at + _START]):
+                    freed += self._give_back_slot(at)
+        finally:
+            self.lock.release()
+        if freed:
+            self.notify()
+        return freed
+
+    def _acquire_by(self, deadline: float | None) -> None:
+        """Takes the flow lock, waiting until ``deadline`` (``time.monotonic()``; ``None``: as long as it takes)
+        at most, then ``TimeoutError``: a call's ``timeout`` bounds its wait for the lock too."""
+        if deadline is None:
+            self.lock.acquire()
+        elif not self.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise TimeoutError(
+                "The replay buffer's flow lock (the readiness and rate-limiter counters) stayed held by another "
+                "process or thread until this call's timeout ran out: nothing was sampled or written. A process "
+                "that holds it that long is stuck (stopped in a debugger, suspended, or blocked inside a locked "
+                "section); pass a larger timeout, or timeout=None to wait as long as it takes."
+            )
+
+    def writers(self) -> list[dict[str, Any]]:
+        """The processes that wrote through the rate limiter (slot by slot): ``pid``, ``alive``, ``written``
+        (items) and ``wrote_at`` (``time.time()`` of their last write). Empty for a private buffer, and for
+        writes that do not wait for a limiter (those are not tracked: they cost nothing extra)."""
+        slots = self.slot_cells
+        if slots is None:
+            return []
+        me, out = _pid[0], []
+        for at in range(1, 1 + _STRIDE * slots[0], _STRIDE):
+            if slots[at + _WRITTEN]:
+                pid = slots[at]
+                out.append({"pid": pid, "alive": pid == me or not _is_dead(pid, slots[at + _START]),
+                            "written": slots[at + _WRITTEN], "wrote_at": slots[at + _WROTE_AT] / 1e9})  # fmt: skip
+        return out
+
+    def describe_producers(self, inserts_before: int, waited: float | None) -> str:
+        """What the write side did during a sample's wait of ``waited`` seconds that began at write count
+        ``inserts_before`` (a clause of a ``TimeoutError``): only writes could have ended that wait."""
+        inserts = self._inserts()
+        if inserts != inserts_before:
+            out = f"{inserts - inserts_before} items were written during the wait, not enough for this sample"
+        else:
+            out = (
+                "nothing was ever written to this buffer" if inserts == 0 else
+                f"no item was written during the {waited} s wait (write_count stayed at {inserts})"
+            ) + (
+                ", and only writes can end this wait: the producers meant to write (collector processes or "
+                "threads) are dead, stuck or not started"
+            )  # fmt: skip
+        writers = self.writers()
+        if writers:
+            now, alive = time.time(), sum(w["alive"] for w in writers)
+            listed = "; ".join(
+                f"pid {w['pid']} {'alive' if w['alive'] else 'gone'}, last wrote {now - w['wrote_at']:.1f} s ago"
+                for w in writers[:8]
+            )
+            more = "; ..." if len(writers) > 8 else ""
+            out += f"; the writer processes: {alive} of {len(writers)} alive ({listed}{more})"
+        return out
 
     # -- counters --------------------------------------------------------------------------------------------
     def get(self, name: str) -> int:
@@ -278,10 +432,13 @@ class FlowControl:
         with self.lock:
             return self._totals()
 
-    def add(self, name: str, n: int) -> None:
-        """Adds ``n`` to counter ``name`` under the lock."""
-        with self.lock:
+    def add(self, name: str, n: int, deadline: float | None = None) -> None:
+        """Adds ``n`` to counter ``name`` under the lock (taken by ``deadline`` at most: :meth:`_acquire_by`)."""
+        self._acquire_by(deadline)
+        try:
             self._counters[name] = self._counters[name] + n
+        finally:
+            self.lock.release()
 
     def count_draw(self, records: int) -> None:
         """Counts one draw of ``records`` records (``sample_calls`` += 1, ``samples_returned`` += records)."""
@@ -318,8 +475,7 @@ class FlowControl:
             if records is not None:
                 cells[CELL_SAMPLE_CALLS] += 1
                 cells[CELL_SAMPLES_RETURNED] += records
-            left = cells[CELL_RESERVED_SAMPLES] - reserved
-            cells[CELL_RESERVED_SAMPLES] = left if left > 0 else 0
+            self._unhold(CELL_RESERVED_SAMPLES, _HELD_SAMPLES, reserved)
         if self.waiters:
             self.notify()
 
@@ -332,20 +488,32 @@ class FlowControl:
             cells[CELL_SAMPLES_RETURNED] -= records
         self.notify()
 
-    def release_inserts(self, reserved: int) -> None:
-        """Ends a reserved write (after the writer counted it) and wakes the waiters."""
+    def release_inserts(self, reserved: int, *, wrote: bool = True) -> None:
+        """Ends a reserved write (after the writer counted it; ``wrote=False``: the write raised) and wakes the
+        waiters. A shared buffer records when this process last wrote (:meth:`writers`)."""
         with self.lock:
-            self._counters["reserved_inserts"] = max(0, self._counters["reserved_inserts"] - reserved)
+            self._unhold(CELL_RESERVED_INSERTS, _HELD_INSERTS, reserved)
+            at = self._own_slot() if wrote else -1
+            if at >= 0:
+                slots = self.slot_cells
+                slots[at + _WROTE_AT] = time.time_ns()
+                slots[at + _WRITTEN] += reserved
         self.notify()
 
-    def try_reserve(self, side: str, n: int, permitted: Callable[[dict[str, int]], bool]) -> bool:
-        """Under the lock: if ``permitted(counters)`` says yes, reserves ``n`` on ``side`` (``"sample"`` or
-        ``"insert"``) and returns ``True``. ``permitted`` receives the counters read under the lock."""
-        name = "reserved_samples" if side == "sample" else "reserved_inserts"
-        with self.lock:
+    def try_reserve(self, side: str, n: int, permitted: Callable[[dict[str, int]], bool],
+                    deadline: float | None = None) -> bool:  # fmt: skip
+        """Under the lock (taken by ``deadline`` at most): if ``permitted(counters)`` says yes, reserves ``n`` on
+        ``side`` (``"sample"`` or ``"insert"``) for this process and returns ``True``. ``permitted`` receives the
+        counters read under the lock."""
+        cell, field = (CELL_RESERVED_SAMPLES, _HELD_SAMPLES) if side == "sample" else (CELL_RESERVED_INSERTS,
+                                                                                       _HELD_INSERTS)  # fmt: skip
+        self._acquire_by(deadline)
+        try:
             if not permitted(self._totals()):
                 return False
-            self._counters[name] = self._counters[name] + n
+            self._hold(cell, field, n)
+        finally:
+            self.lock.release()
         return True
 
     def reset(self, *, samples: bool) -> None:
@@ -458,8 +626,9 @@ class FlowControl:
         }
 
     def describe_counters(self) -> str:
-        """The counters at this moment, for an error message."""
-        v = self._view(self.as_dict())
+        """The counters at this moment, for an error message (read without the lock, which a stuck process may
+        hold)."""
+        v = self._view(self._totals())
         return (
             f"write_count={v['inserts']}, samples_returned={v['samples']}, reserved_samples={v['reserved_samples']}, "
             f"reserved_inserts={v['reserved_inserts']}, size={v['size']}"
@@ -474,35 +643,47 @@ class FlowControl:
             return False
         if not self.sampler_ready(batch_size):
             return False
-        v = self._view(self.as_dict())
-        return limiter.sample_permitted(
-            inserts=v["inserts"], samples=v["samples"] + v["reserved_samples"], size=v["size"], n=batch_size
-        )
 
-    def wait_for_data(self, batch_size: int, *, timeout: float | None, cancel_event) -> None:
-        """``sample(wait=True)`` without a limiter: returns once the sampler can draw the batch."""
+        def permitted() -> bool:
+            v = self._view(self.as_dict())
+            return limiter.sample_permitted(
+                inserts=v["inserts"], samples=v["samples"] + v["reserved_samples"], size=v["size"], n=batch_size
+            )
+
+        return permitted() or (self.give_back_dead() > 0 and permitted())
+
+    def wait_for_data(self, batch_size: int, *, timeout: float | None, cancel_event,
+                      deadline: float | None = None) -> None:  # fmt: skip
+        """``sample(wait=True)`` without a limiter: returns once the sampler can draw the batch (``deadline``:
+        when ``timeout`` runs out, if it started earlier than this wait)."""
         if self.sampler_ready(batch_size) and (cancel_event is None or not cancel_event.is_set()):
             return
-        self.add("sample_wait_count", 1)
+        if deadline is None and timeout is not None:
+            deadline = time.monotonic() + timeout
+        inserts_before = self._inserts()
+        self.add("sample_wait_count", 1, deadline)
 
         def timed_out() -> BaseException:
             return TimeoutError(
                 f"The replay buffer could not serve a batch of {batch_size} within {timeout} seconds: the sample "
-                f"side waited ({self.describe_counters()}; sampler {type(self.sampler).__name__}). Write data "
-                f"first (rb.extend, from this or another process sharing the buffer), pass a larger timeout, or "
-                f"timeout=None to wait as long as it takes."
+                f"side waited ({self.describe_counters()}; sampler {type(self.sampler).__name__}); "
+                f"{self.describe_producers(inserts_before, timeout)}. Write data first (rb.extend, from this or "
+                f"another process sharing the buffer), pass a larger timeout, or timeout=None to wait as long as "
+                f"it takes."
             )
 
         wait_until(
             self, lambda: self.sampler_ready(batch_size), timeout=timeout, cancel_event=cancel_event,
-            is_alive=self._alive, on_timeout=timed_out,
+            is_alive=self._alive, on_timeout=timed_out, deadline=deadline,
         )  # fmt: skip
 
-    def try_reserve_sample(self, batch_size: int) -> bool:
-        """Reserves ``batch_size`` records of the limiter's budget if it permits them now (never waits): one
-        acquisition of the flow lock, reading the counters' memory directly."""
+    def try_reserve_sample(self, batch_size: int, deadline: float | None = None) -> bool:
+        """Reserves ``batch_size`` records of the limiter's budget for this process if it permits them now
+        (never waits for the limiter; for the lock until ``deadline`` at most): one acquisition of the flow lock,
+        reading the counters' memory directly."""
         limiter = self._limiter
-        with self.lock:
+        self._acquire_by(deadline)
+        try:
             if not (
                 self.sampler_ready(batch_size)
                 and limiter.sample_permitted(
@@ -511,7 +692,9 @@ class FlowControl:
                 )
             ):  # fmt: skip
                 return False
-            self.cells[CELL_RESERVED_SAMPLES] += batch_size
+            self._hold(CELL_RESERVED_SAMPLES, _HELD_SAMPLES, batch_size)
+        finally:
+            self.lock.release()
         return True
 
     def draw(self, batch_size: int, wait, timeout, cancel, draw_fn):
@@ -557,9 +740,13 @@ class FlowControl:
             self.checked_request = (limiter, batch_size)
         counted = False
         cells = self.cells
+        deadline = None if timeout is None else time.monotonic() + timeout  # the lock's wait counts too
         if not cells[CELL_CLOSED] and self._alive() and (cancel is None or not cancel.is_set()):
             lock = self.lock  # try_reserve_sample, written out (acquire/release cost less than a with statement)
-            lock.acquire()
+            if deadline is None:
+                lock.acquire()
+            else:
+                self._acquire_by(deadline)
             try:
                 if self.sampler.can_sample(self.storage, batch_size) and limiter.sample_permitted(
                     inserts=self._inserts(), samples=self._returned_and_reserved(),
@@ -571,7 +758,7 @@ class FlowControl:
             finally:
                 lock.release()
         if not counted:  # shut down, cancelled, refused or to wait for: raises, or waits and reserves
-            self.reserve_sample(batch_size, wait=wait, timeout=timeout, cancel_event=cancel)
+            self.reserve_sample(batch_size, wait=wait, timeout=timeout, cancel_event=cancel, deadline=deadline)
             return self.reserved_draw(draw_fn, batch_size)
         if self.waiters:  # an insert that waited for samples
             self.notify()
@@ -585,23 +772,31 @@ class FlowControl:
             self.give_back(0, batch_size - records)
         return data, info
 
-    def reserve_sample(self, batch_size: int, *, wait: bool, timeout: float | None, cancel_event) -> None:
-        """Reserves ``batch_size`` records for a draw, waiting with ``wait=True``; the caller commits the
-        reservation (:meth:`commit_samples`) once the draw ended, whatever happened."""
+    def reserve_sample(self, batch_size: int, *, wait: bool, timeout: float | None, cancel_event,
+                       deadline: float | None = None) -> None:  # fmt: skip
+        """Reserves ``batch_size`` records for a draw, waiting with ``wait=True`` (until ``deadline``, else
+        ``timeout`` seconds from now; the flow lock's wait included); the caller commits the reservation
+        (:meth:`commit_samples`) once the draw ended, whatever happened. Reservations of processes that are
+        gone are given back before a refusal (:meth:`give_back_dead`)."""
         limiter = self._limiter
         limiter.check_sample_request(batch_size)
         if self.cells[CELL_CLOSED] or not self._alive():
             raise RATE_SHUT_DOWN.error()
         if cancel_event is not None and cancel_event.is_set():
             raise RATE_CANCELLED.error()
-        if self.try_reserve_sample(batch_size):
+        if deadline is None and timeout is not None:
+            deadline = time.monotonic() + timeout
+        if self.try_reserve_sample(batch_size, deadline) or (
+            self.give_back_dead(deadline) and self.try_reserve_sample(batch_size, deadline)
+        ):
             return
         if not wait:
             raise RATE_NOT_PERMITTED.error(detail=f"{limiter!r}; {self.describe_counters()}")
-        self.add("sample_wait_count", 1)
+        inserts_before = self._inserts()
+        self.add("sample_wait_count", 1, deadline)
 
         def timed_out() -> BaseException:
-            detail = f"{limiter!r}; {self.describe_counters()}"
+            detail = f"{limiter!r}; {self.describe_counters()}; {self.describe_producers(inserts_before, timeout)}"
             if getattr(limiter, "budget", None) is not None:  # TorchRL's RateLimitedReplayBuffer
                 return RATE_BUDGET_TIMEOUT.error(timeout=timeout, detail=detail)
             return TimeoutError(
@@ -611,8 +806,8 @@ class FlowControl:
             )
 
         wait_until(
-            self, lambda: self.try_reserve_sample(batch_size), timeout=timeout, cancel_event=cancel_event,
-            is_alive=self._alive, on_timeout=timed_out,
+            self, lambda: self.try_reserve_sample(batch_size, deadline), timeout=timeout, cancel_event=cancel_event,
+            is_alive=self._alive, on_timeout=timed_out, deadline=deadline,
         )  # fmt: skip
 
     def reserved_draw(self, draw_fn, batch_size: int):
@@ -648,14 +843,19 @@ class FlowControl:
             self.notify()
             return
         self._reserve_insert(n, timeout=timeout)
+        wrote = False
         try:
             yield
+            wrote = True
         finally:
-            self.release_inserts(n)
+            self.release_inserts(n, wrote=wrote)
 
     def _reserve_insert(self, n: int, *, timeout: float | None) -> None:
-        """Reserves an insert of ``n`` items, waiting while the limiter refuses it."""
+        """Reserves an insert of ``n`` items for this process, waiting while the limiter refuses it (``timeout``
+        seconds at most, the flow lock's wait included); reservations of processes that are gone are given
+        back before a refusal (:meth:`give_back_dead`)."""
         limiter = self._limiter
+        deadline = None if timeout is None else time.monotonic() + timeout
         limiter.check_insert_request(n)
 
         def permitted(counters: dict[str, int]) -> bool:
@@ -665,9 +865,11 @@ class FlowControl:
                 inserts=v["inserts"] + pending, samples=v["samples"], size=v["size"] + pending, n=n
             )
 
-        if self.try_reserve("insert", n, permitted):
+        if self.try_reserve("insert", n, permitted, deadline) or (
+            self.give_back_dead(deadline) and self.try_reserve("insert", n, permitted, deadline)
+        ):
             return
-        self.add("insert_wait_count", 1)
+        self.add("insert_wait_count", 1, deadline)
 
         def timed_out() -> BaseException:
             return TimeoutError(
@@ -684,12 +886,14 @@ class FlowControl:
             return True
 
         wait_until(
-            self, lambda: self.try_reserve("insert", n, permitted), timeout=timeout, cancel_event=None,
-            is_alive=alive_for_inserts, on_timeout=timed_out,
+            self, lambda: self.try_reserve("insert", n, permitted, deadline), timeout=timeout, cancel_event=None,
+            is_alive=alive_for_inserts, on_timeout=timed_out, deadline=deadline,
         )  # fmt: skip
 
     def stats(self) -> dict[str, Any]:
-        """The readiness entries of ``rb.stats()`` (and the limiter's, when there is one)."""
+        """The readiness entries of ``rb.stats()`` (and the limiter's, when there is one); the reservations of
+        processes that are gone are given back first (:meth:`give_back_dead`)."""
+        self.give_back_dead()
         with self.lock:  # one view: no sample commits between the counters and the write count
             counters = self.as_dict()
             inserts = self._inserts()
@@ -732,13 +936,35 @@ class FlowControl:
             raise CheckpointError(f"{err} Nothing was loaded.") from None
 
 
-def _is_dead(pid: int) -> bool:
-    """Whether process ``pid`` is certainly gone (its slot may be taken over)."""
+def _is_dead(pid: int, start: int = 0) -> bool:
+    """Whether process ``pid``, started at ``start`` (:func:`_process_start`; 0: unknown), is certainly gone:
+    no such process, a zombie (killed, not yet reaped by its parent), or the pid reused by a process started at
+    another time. Its slot may be taken over and its reservations given back."""
     if pid <= 0:
         return True
     if pid == os.getpid():
         return False  # another FlowControl of this process: never share a slot between two thread locks
-    return pid_is_gone(pid)
+    if pid_is_gone(pid):
+        return True
+    state, started = _stat(pid)
+    if state is None:  # no /proc here: what os.kill said; or the process ended between the two looks
+        return pid_is_gone(pid)
+    return state in (b"Z", b"X") or (start > 0 and started != start)
+
+
+def _stat(pid: int) -> tuple[bytes | None, int]:
+    """``(state, start time)`` of process ``pid`` from ``/proc/<pid>/stat`` (``(None, 0)`` when unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()  # the name (field 2) may hold spaces and parentheses
+        return fields[0], int(fields[19])  # fields 3 and 22 of proc(5)
+    except (OSError, IndexError, ValueError):
+        return None, 0
+
+
+def _process_start(pid: int) -> int:
+    """When process ``pid`` started (clock ticks since boot; 0: unknown): with the pid, its identity."""
+    return _stat(pid)[1]
 
 
 def check_counter_state(state, where: str) -> dict[str, int]:
@@ -785,14 +1011,18 @@ def wait_until(
     cancel_event=None,
     is_alive: Callable[[], bool],
     on_timeout: Callable[[], BaseException],
+    deadline: float | None = None,
 ) -> None:
     """Returns once ``ready()`` is true; raises when the buffer shuts down, ``cancel_event`` is set or
-    ``timeout`` seconds passed (``on_timeout()`` builds that error).
+    ``timeout`` seconds passed (``on_timeout()`` builds that error; ``deadline``, a ``time.monotonic()``, ends
+    the wait instead when the call's timeout started before this wait).
 
     ``ready()`` is called at once, after each wake-up of this process's writers, and at least every
-    :data:`MAX_POLL_S` seconds (writes of other processes): see NOTE [readiness and waiting].
+    :data:`MAX_POLL_S` seconds (writes of other processes): see NOTE [readiness and waiting]. Before each sleep,
+    the reservations of processes that are gone are given back (:meth:`FlowControl.give_back_dead`).
     """
-    deadline = None if timeout is None else time.monotonic() + timeout
+    if deadline is None and timeout is not None:
+        deadline = time.monotonic() + timeout
     delay = _FIRST_POLL_S
     with state._cond:
         state.waiters += 1
@@ -807,6 +1037,8 @@ def wait_until(
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise on_timeout()
+            if state.give_back_dead(deadline):
+                continue  # a dead process's reservation came back: look again at once
             state._sleep(delay if remaining is None else min(delay, remaining))
             delay = min(delay * 2, MAX_POLL_S)
     finally:
