@@ -18,7 +18,7 @@ two DataLoader workers, and a rate limiter holds the sample-to-insert ratio.
 It prints, as training goes, the observed samples per insert (``rb.stats()["samples_per_insert"]``), which
 stays within ``error_buffer`` of the target, and the model's error.
 
-Run it (about half a minute on a laptop CPU)::
+Run it (20 to 45 seconds on a 2-core machine, collectors forked, the default)::
 
     python examples/replay-buffers/collectors_and_learner.py
     python examples/replay-buffers/collectors_and_learner.py --smoke   # a few updates, for CI

@@ -222,6 +222,17 @@ def test_bc_defaults_reach_500_on_every_eval_episode(tmp_path):
     assert returns == [500] * 5, proc.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_collectors_and_learner_finishes_with_its_defaults(tmp_path):
+    # Its collectors are forked (the default) after the parent built the default-size shared buffer, which ran
+    # OpenMP work there: see NOTE [OpenMP and fork] in torchrl/data/replay_buffers/_shared/openmp_fork.py.
+    proc = _run_example("replay-buffers/collectors_and_learner.py", [], cwd=tmp_path, timeout=540)
+    assert proc.returncode == 0, _failure(proc)
+    assert re.search(r"^step +1592 .* inserts +25600 ", proc.stdout, re.MULTILINE), proc.stdout
+
+
 @pytest.mark.extras
 @pytest.mark.parametrize("noise", [0.0, 0.1])
 def test_bc_expert_reaches_500_and_labels_every_transition(bc, noise):

@@ -157,6 +157,79 @@ def test_a_forked_child_never_removes_the_parents_dir(how):
     assert not os.path.exists(path)  # and removed when the owner exited
 
 
+BLOCKED_CHILD = """
+import ctypes, os, signal, sys, time
+import torch
+from torchrl.data import LazyMemmapStorage
+storage = LazyMemmapStorage(100)
+storage.set(torch.arange(10), torch.ones(10, 4))
+pid = os.fork()
+if pid == 0:  # blocked in C code: a normal mutex locked twice waits for itself, and signals do not end the wait
+    libc = ctypes.CDLL(None)
+    mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_mutex_lock(mutex)
+    os._exit(3)
+time.sleep(0.5)
+os.kill(pid, signal.SIGTERM)
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print(os.waitstatus_to_exitcode(status), os.path.isdir(storage.memmap_dir), flush=True)
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    print("survived", os.path.isdir(storage.memmap_dir), flush=True)
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_a_forked_child_blocked_in_c_code_dies_of_sigterm():
+    # The parent owns a scratch dir (its SIGTERM handler is installed); the child owns nothing, so it has the
+    # default action back: a Python handler could not run while the child is blocked in C code.
+    proc = subprocess.run([sys.executable, "-c", BLOCKED_CHILD], capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(-signal.SIGTERM), "True"], proc.stdout  # and the parent's dir stays
+
+
+HANDLER_LIFETIME = """
+import os, signal, tempfile
+from torchrl.data.replay_buffers._shared import cleanup as _cleanup
+def mine(s, f):
+    pass
+def current():
+    handler = signal.getsignal(signal.SIGTERM)
+    return {signal.SIG_DFL: "default", _cleanup._on_sigterm: "cleanup", mine: "mine"}.get(handler, repr(handler))
+seen = [current()]
+a, b = tempfile.mkdtemp(), tempfile.mkdtemp()
+_cleanup.register_owned_path(a)
+_cleanup.register_owned_path(b)
+seen.append(current())
+_cleanup.remove_owned_path(a)
+seen.append(current())  # b is still owned
+_cleanup.unregister_owned_path(b)
+seen.append(current())  # nothing owned: the default is back
+signal.signal(signal.SIGTERM, mine)
+_cleanup.register_owned_path(a)
+seen.append(current())
+_cleanup.remove_owned_paths()
+seen.append(current())  # the handler it replaced
+os.rmdir(b)
+print(" ".join(seen))
+"""
+
+
+def test_the_sigterm_handler_is_installed_only_while_this_process_owns_paths():
+    proc = subprocess.run([sys.executable, "-c", HANDLER_LIFETIME], capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["default", "cleanup", "cleanup", "default", "cleanup", "mine"]
+
+
 MP_CHILD_OWNER = """
 import multiprocessing, os
 import torch

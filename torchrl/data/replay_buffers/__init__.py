@@ -28,6 +28,10 @@ from torchrl.data.replay_buffers import (
     utils,
     writers,
 )
+
+# Imported for its at-fork handler: a forked child never waits on this process's OpenMP team (NOTE [OpenMP
+# and fork] in _shared/openmp_fork.py).
+from torchrl.data.replay_buffers._shared import openmp_fork as _openmp_fork  # noqa: F401
 from torchrl.data.replay_buffers.checkpointers import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.errors import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.her import *  # noqa: F401,F403

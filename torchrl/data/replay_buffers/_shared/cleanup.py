@@ -7,8 +7,19 @@ directory) owned by the calling process; the registered paths of a process are r
   created it) or :func:`remove_owned_paths`;
 - at normal interpreter exit (``atexit``), and at the end of a ``multiprocessing`` child (which leaves through
   ``os._exit`` under fork and forkserver, skipping ``atexit``);
-- when the process receives SIGTERM: a handler installed the first time a path is registered from the main
-  thread removes them, then chains to the handler it replaced (see :func:`register_owned_path`).
+- when the process receives SIGTERM: a handler, installed while the process owns registered paths, removes
+  them, then chains to the handler it replaced (see :func:`register_owned_path`).
+
+NOTE [SIGTERM never keeps a process alive]: CPython runs a Python signal handler in the main thread between two
+bytecodes; a main thread blocked in a C call that does not return (a native deadlock, a futex wait) defers it,
+and with it the default action of SIGTERM, for as long as the call lasts. So the handler is installed only
+while it has something to do: from the first registration made from the main thread until this process owns
+no registered path any more (the handler it replaced is then put back, at the last removal made from the main
+thread), and a forked child, which owns nothing, gets the handler it replaced back at once. A process that owns
+no path (a collector or a DataLoader worker forked from the buffer's owner, a process whose storages are gone)
+dies of SIGTERM wherever it is blocked. A process that owns paths and whose main thread is blocked in such a
+call handles SIGTERM when the call returns; SIGKILL still ends it, and :func:`cleanup_stale_scratch_dirs`
+removes what it leaves.
 
 NOTE [owned paths and fork]: only the process that registered a path ever removes it. Each entry records the
 owner's pid and every removal checks it against ``os.getpid()``; a child created by ``os.fork`` (DataLoader
@@ -72,11 +83,13 @@ def register_owned_path(path) -> None:
     the process that registered it (a forked child never removes it). The path does not need to exist yet.
     Thread-safe.
 
-    The first registration made from the main thread installs a SIGTERM handler. On SIGTERM it removes this
-    process's registered paths, then chains to the handler it replaced: a Python handler is called with the
-    same arguments; for the default action, the default is restored and SIGTERM raised again, so the process
-    still ends "killed by SIGTERM". When SIGTERM is ignored (``SIG_IGN``) or handled outside Python, no
-    handler is installed: the process survives SIGTERM and its files stay in use, to be removed at exit.
+    A registration made from the main thread installs a SIGTERM handler if none is installed. On SIGTERM it
+    removes this process's registered paths, then chains to the handler it replaced: a Python handler is
+    called with the same arguments; for the default action, the default is restored and SIGTERM raised again,
+    so the process still ends "killed by SIGTERM". When SIGTERM is ignored (``SIG_IGN``) or handled outside
+    Python, no handler is installed: the process survives SIGTERM and its files stay in use, to be removed at
+    exit. The replaced handler is put back once this process owns no registered path (at the last removal
+    made from the main thread), and in a forked child: see NOTE [SIGTERM never keeps a process alive].
 
     Args:
         path (str or path-like): the file or directory; stored as an absolute path.
@@ -109,6 +122,7 @@ def unregister_owned_path(path) -> None:
     """Forgets ``path`` without removing it (e.g. a file that was renamed into its final place)."""
     with _lock:
         _owned.pop(_absolute(path), None)
+        _restore_sigterm_handler_if_unused()
 
 
 def remove_owned_path(path) -> bool:
@@ -123,6 +137,7 @@ def remove_owned_path(path) -> bool:
         if _owned.get(path) != os.getpid():
             return False
         del _owned[path]
+        _restore_sigterm_handler_if_unused()
     _remove(path)
     return True
 
@@ -134,6 +149,7 @@ def remove_owned_paths() -> list[str]:
         mine = [path for path, owner in _owned.items() if owner == pid]
         for path in mine:
             del _owned[path]
+        _restore_sigterm_handler_if_unused()
     for path in mine:
         _remove(path)
     return mine
@@ -150,10 +166,10 @@ def _remove(path: str) -> None:
 
 
 def _on_sigterm(signum, frame) -> None:
+    previous = _previous_handler  # read first: removing the last path puts it back and forgets it
     try:
         remove_owned_paths()
     finally:
-        previous = _previous_handler
         if previous == signal.SIG_DFL:
             signal.signal(signum, signal.SIG_DFL)
             signal.raise_signal(signum)  # delivered to this thread before raise_signal returns
@@ -180,10 +196,37 @@ def _install_sigterm_handler() -> None:
     _handler_installed = True
 
 
+def _restore_sigterm_handler() -> None:
+    """Puts back the SIGTERM handler that :func:`_on_sigterm` replaced, if it is still the one installed (a
+    handler installed over it may chain to it: it then stays). Main thread only."""
+    global _handler_installed, _previous_handler
+    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+        return
+    try:
+        signal.signal(signal.SIGTERM, _previous_handler)
+    except (ValueError, TypeError):  # not the main thread of the main interpreter
+        return
+    _handler_installed = False
+    _previous_handler = None
+
+
+def _restore_sigterm_handler_if_unused() -> None:
+    """Once this process owns no registered path, gives SIGTERM back to the handler it had (called under
+    ``_lock``, from any thread: only the main thread can change a handler; the others leave it installed)."""
+    if not _handler_installed or threading.current_thread() is not threading.main_thread():
+        return
+    pid = os.getpid()
+    if any(owner == pid for owner in _owned.values()):
+        return
+    _restore_sigterm_handler()
+
+
 def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.RLock()  # another thread may have held it at fork time
     _owned.clear()  # the parent's paths are never the child's to remove
+    if _handler_installed:  # the child owns nothing: SIGTERM ends it wherever it is blocked
+        _restore_sigterm_handler()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
