@@ -3,7 +3,8 @@ sampler and generator), its files, torch's random state and the loader are as th
 
 Each checkpoint is a valid one edited as an attacker would (metadata rewritten, its completion marker re-signed):
 a random state of the wrong type or size, a loader generator state of the wrong size, a reader position that
-cannot be applied (a negative draw count, a random stream of the wrong size).
+cannot be applied (a negative draw count, a random stream of the wrong size), a buffer length the buffer cannot
+have.
 """
 
 from __future__ import annotations
@@ -116,7 +117,21 @@ def _numpy_position_out_of_range(doc):
     _training(doc)["numpy_rng"]["pos"] = 10**6
 
 
+def _buffer_length(value):
+    def mutate(doc):
+        _training(doc)["buffer_length"] = value
+
+    return mutate
+
+
 VARIANTS = {
+    "buffer-length-beyond-capacity": (
+        _buffer_length(10**9),
+        CheckpointError,
+        r"`buffer_length` 1000000000, expected an int in \[0, 40\]",
+    ),
+    "buffer-length-negative": (_buffer_length(-1), CheckpointError, r"`buffer_length` -1, expected an int"),
+    "buffer-length-not-an-int": (_buffer_length("40"), CheckpointError, r"`buffer_length` '40', expected an int"),
     "rng-wrong-type-float-tensor": (_rng_of_floats, CheckpointError, r"`rng`.*1-D uint8 tensor.*float32"),
     "rng-wrong-type-string": (_rng_of_a_string, CheckpointError, r"`rng`.*got a str"),
     "rng-wrong-size": (_rng_too_small, CheckpointError, r"`rng`.*refuses its 10 bytes"),

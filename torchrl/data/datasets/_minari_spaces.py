@@ -16,11 +16,28 @@ import numpy as np
 __all__ = ["parse_space", "subspace", "is_image_space", "decode_jpeg", "tuple_key"]
 
 
-def parse_space(space) -> dict | None:
-    """The space as a dict (``space`` is Minari's JSON string, or already a dict); ``None`` stays ``None``."""
+def parse_space(space, where: str = "the space") -> dict | None:
+    """The space as a dict (``space`` is Minari's JSON string, or already a dict); ``None`` stays ``None``.
+
+    Raises ``ValueError`` naming ``where`` (the field and its file) for anything else: text that is no JSON, JSON
+    nested beyond what Python reads, JSON that is not an object."""
     if space is None or isinstance(space, dict):
         return space
-    return json.loads(space)
+    problem = None
+    if not isinstance(space, str):
+        problem = f"is a {type(space).__name__}, expected Minari's JSON string of the space"
+    else:
+        try:
+            parsed = json.loads(space)
+        except (ValueError, RecursionError) as err:  # JSONDecodeError; nesting deeper than the recursion limit
+            problem = f"is not readable JSON ({type(err).__name__}: {str(err)[:120]})"
+        else:
+            if isinstance(parsed, dict):
+                return parsed
+            problem = f"is JSON of a {type(parsed).__name__}, expected an object such as {{\"type\": \"Box\", ...}}"
+    raise ValueError(
+        f"{where} {problem}. Write the dataset's metadata again with Minari (or download the dataset again)."
+    )
 
 
 def tuple_key(i: int) -> str:
@@ -33,12 +50,14 @@ def subspace(space: dict | None, name: str) -> dict | None:
     if space is None:
         return None
     kind = space.get("type")
-    if kind == "Dict":
-        return space.get("subspaces", {}).get(name)
-    if kind == "Tuple" and name.startswith("_index_"):
-        members = space.get("subspaces", [])
+    members = space.get("subspaces")
+    if kind == "Dict" and isinstance(members, dict):
+        found = members.get(name)
+        return found if isinstance(found, dict) else None
+    if kind == "Tuple" and isinstance(members, list) and name.startswith("_index_") and name[7:].isdigit():
         i = int(name[len("_index_") :])
-        return members[i] if i < len(members) else None
+        found = members[i] if i < len(members) else None
+        return found if isinstance(found, dict) else None
     return None
 
 
@@ -47,9 +66,11 @@ def is_image_space(space: dict | None) -> bool:
     if space is None or space.get("type") != "Box" or space.get("dtype") != "uint8":
         return False
     shape = space.get("shape", [])
-    if len(shape) not in (2, 3) or shape[0] < 32 or shape[1] < 32:
+    if not isinstance(shape, list) or len(shape) not in (2, 3) or not all(isinstance(d, int) for d in shape):
         return False
-    return bool(np.all(np.asarray(space["low"]) == 0) and np.all(np.asarray(space["high"]) == 255))
+    if shape[0] < 32 or shape[1] < 32:
+        return False
+    return bool(np.all(np.asarray(space.get("low")) == 0) and np.all(np.asarray(space.get("high")) == 255))
 
 
 def decode_jpeg(frames) -> np.ndarray:

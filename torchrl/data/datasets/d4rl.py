@@ -19,6 +19,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from torchrl._phrases import TorchRLPhrase
 from torchrl.data.datasets._files import remove_converted, write_atomically
+from torchrl.data.datasets._hdf5_safety import check_links
 from torchrl.data.datasets._split import split_by_done
 from torchrl.data.datasets.common import BaseDatasetExperienceReplay
 from torchrl.data.replay_buffers.storages import TensorStorage
@@ -264,14 +265,28 @@ def read_d4rl_file(path: Path, *, use_truncated_as_done: bool = True) -> tuple[T
     h5py = _h5py()
     flat: dict[str, np.ndarray] = {}
     metadata: dict = {}
-    with h5py.File(path, "r") as file:
+    try:
+        opened = h5py.File(path, "r")
+    except OSError as err:
+        raise ValueError(
+            f"{str(path)!r} is not a readable HDF5 file ({err}): download the D4RL file again."
+        ) from err
+    with opened as file:
+        check_links(file, Path(path), h5py)
 
         def visit(name, node):
             if isinstance(node, h5py.Dataset):
+                try:
+                    values = node[()]
+                except (OSError, ValueError, TypeError) as err:  # damaged chunks, an unreadable dtype
+                    raise ValueError(
+                        f"The dataset {name!r} of {str(path)!r} cannot be read ({type(err).__name__}: {err}): the "
+                        f"file is damaged; download the D4RL file again."
+                    ) from err
                 if name.startswith("metadata/"):
-                    metadata[name[len("metadata/") :]] = _json_value(node[()])
+                    metadata[name[len("metadata/") :]] = _json_value(values)
                 else:
-                    flat[name] = node[()]
+                    flat[name] = values
 
         file.visititems(visit)
     missing = [k for k in ("observations", "actions", "rewards", "terminals") if k not in flat]

@@ -192,8 +192,15 @@ def _fingerprint(source: Path) -> dict:
 
 
 def _read_json(path: Path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    """The JSON in ``path`` (a file of the converted copy); a ``ValueError`` naming the file when it is damaged."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, bad UTF-8; nesting beyond the recursion limit
+        raise ValueError(
+            f"{str(path)!r} is not readable JSON ({type(err).__name__}: {str(err)[:160]}): the converted copy is "
+            f"damaged. Build the dataset again with download='force' to convert it anew."
+        ) from None
 
 
 # -- the dataset ------------------------------------------------------------------------------------------------

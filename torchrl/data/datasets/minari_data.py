@@ -16,8 +16,10 @@ from tensordict import TensorDict
 
 from torchrl._phrases import TorchRLPhrase
 from torchrl.data.datasets._files import remove_converted, write_atomically
+from torchrl.data.datasets._minari_arrow import episode_ids as arrow_episode_ids
 from torchrl.data.datasets._minari_arrow import read_episodes as read_arrow_episodes
 from torchrl.data.datasets._minari_hdf5 import MAIN_FILE as HDF5_MAIN_FILE
+from torchrl.data.datasets._minari_hdf5 import episode_ids as hdf5_episode_ids
 from torchrl.data.datasets._minari_hdf5 import read_episodes as read_hdf5_episodes
 from torchrl.data.datasets._minari_spaces import parse_space
 from torchrl.data.datasets._minari_ted import episodes_to_td
@@ -76,6 +78,12 @@ class MinariExperienceReplay(BaseDatasetExperienceReplay):
     step; Dict spaces stay nested), ``"action"``, ``("next", "reward")`` ``[N, 1]``, ``("next", "terminated")``,
     ``("next", "truncated")``, ``("next", "done")`` (their or) ``[N, 1]`` bool, ``"episode"`` (the episode id),
     ``"info"`` / ``("next", "info")`` (shifted like observations), in episode-id order.
+
+    The source is checked before anything is converted: a dataset whose episodes or steps disagree with its
+    ``metadata.json`` (``total_episodes``, ``total_steps``: an episode missing) raises ``RuntimeError`` naming the
+    missing episodes; an HDF5 file whose links or virtual datasets read files outside its directory, an episode
+    directory linked from elsewhere, and damaged content (metadata that is no JSON, values that do not fill their
+    space's shape) raise ``ValueError`` naming the file and the field.
 
     Args:
         dataset_id (str): the Minari id, e.g. ``"D4RL/door/human-v2"`` (directories nest under ``root``).
@@ -200,27 +208,93 @@ class MinariExperienceReplay(BaseDatasetExperienceReplay):
         )
 
     def _convert(self, data_dir: Path) -> None:
-        with open(data_dir / "metadata.json", encoding="utf-8") as file:
-            metadata = json.load(file)
+        metadata = _read_json(data_dir / "metadata.json")
         fmt = metadata.get("data_format") or ("hdf5" if (data_dir / HDF5_MAIN_FILE).exists() else "arrow")
-        readers = {"hdf5": read_hdf5_episodes, "arrow": read_arrow_episodes}
-        if fmt not in readers:
+        formats = {"hdf5": (read_hdf5_episodes, hdf5_episode_ids), "arrow": (read_arrow_episodes, arrow_episode_ids)}
+        if fmt not in formats:
             raise ValueError(
                 f"Minari dataset {self.dataset_id!r} is in the {fmt!r} format; this package reads 'hdf5' and "
                 f"'arrow'. Convert it with Minari to one of them."
             )
-        rows = episodes_to_td(readers[fmt](data_dir, metadata), f"Minari dataset {self.dataset_id!r}")
+        read, list_ids = formats[fmt]
+        source = data_dir / HDF5_MAIN_FILE if fmt == "hdf5" else data_dir
+        _check_episodes(metadata, list_ids(data_dir), data_dir, source, fmt)
+        rows = episodes_to_td(read(data_dir, metadata), f"Minari dataset {self.dataset_id!r}")
+        _check_steps(metadata, rows.shape[0], data_dir)
         for path in (self.data_path_root, self.root / (self.dataset_id + "_split")):
             remove_converted(path)
         write_atomically(self.data_path_root, rows, sidecars={_METADATA_FILE: metadata})
 
 
+def _read_json(path: Path) -> dict:
+    """The JSON object in ``path``; a ``ValueError`` naming the file for anything else."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            content = json.load(file)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, bad UTF-8; nesting beyond the recursion limit
+        raise ValueError(
+            f"The Minari metadata file {str(path)!r} is not readable JSON ({type(err).__name__}: {str(err)[:160]}). "
+            f"Write the dataset again with Minari (or download it again)."
+        ) from None
+    if not isinstance(content, dict):
+        raise ValueError(
+            f"The Minari metadata file {str(path)!r} holds a JSON {type(content).__name__}, expected an object "
+            f"(total_episodes, total_steps, data_format, ...). Write the dataset again with Minari."
+        )
+    return content
+
+
+def _count_field(metadata: dict, field: str, data_dir: Path) -> int | None:
+    """``metadata[field]`` (an int >= 0), ``None`` when absent; a ``ValueError`` naming it otherwise."""
+    value = metadata.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"The Minari metadata file {str(data_dir / 'metadata.json')!r} has `{field}` = {value!r:.80}, expected "
+            f"an int >= 0. Write the dataset again with Minari (or download it again)."
+        )
+    return value
+
+
+def _check_episodes(metadata: dict, ids: list[int], data_dir: Path, source: Path, fmt: str) -> None:
+    """Raises ``RuntimeError`` naming the missing episodes when the dataset does not hold episodes
+    ``0 .. total_episodes - 1`` (the ids Minari gives), as its ``metadata.json`` says."""
+    total = _count_field(metadata, "total_episodes", data_dir)
+    if total is None or ids == list(range(total)):
+        return
+    missing = sorted(set(range(total)) - set(ids))
+    extra = sorted(set(ids) - set(range(total)))
+    where = "a group episode_<id> in" if fmt == "hdf5" else "a directory <id> in"
+    problems = []
+    if missing:
+        problems.append(f"episode(s) {missing[:10]}{' ...' if len(missing) > 10 else ''} missing ({where} "
+                        f"{str(source)!r})")  # fmt: skip
+    if extra:
+        problems.append(f"episode(s) {extra[:10]}{' ...' if len(extra) > 10 else ''} beyond that count")
+    raise RuntimeError(
+        f"The Minari dataset {str(data_dir)!r} is incomplete: its metadata.json gives total_episodes={total}, and "
+        f"{'; '.join(problems)}. Download the dataset again (minari download <id>) or write it again with Minari; "
+        f"nothing was converted."
+    )
+
+
+def _check_steps(metadata: dict, steps: int, data_dir: Path) -> None:
+    """Raises ``RuntimeError`` when the episodes read hold another number of steps than ``total_steps``."""
+    total = _count_field(metadata, "total_steps", data_dir)
+    if total is not None and total != steps:
+        raise RuntimeError(
+            f"The Minari dataset {str(data_dir)!r} is incomplete: its metadata.json gives total_steps={total}, and "
+            f"its episodes hold {steps} steps. Download the dataset again (minari download <id>) or write it again "
+            f"with Minari; nothing was converted."
+        )
+
+
 def _read_metadata(path: Path) -> dict:
     if not path.exists():
         return {}
-    with open(path, encoding="utf-8") as file:
-        metadata = json.load(file)
+    metadata = _read_json(path)
     for key in _SPACE_KEYS:
         if isinstance(metadata.get(key), str):
-            metadata[key] = parse_space(metadata[key])
+            metadata[key] = parse_space(metadata[key], f"`{key}` of {str(path)!r}")
     return metadata

@@ -100,6 +100,21 @@ def _length(rb) -> int:
     return len(storage)
 
 
+def _check_buffer_length(path: str, length, rb) -> None:
+    """Raises a ``CheckpointError`` unless the saved ``buffer_length`` is an int that the storage of ``rb`` (whose
+    capacity the buffer's own check matched against the checkpoint's) can hold: the loader's readers are checked
+    against it, so a crafted length would let a reader state of more items than the buffer holds through."""
+    capacity = getattr(getattr(rb, "storage", rb), "max_size", None)
+    if isinstance(length, int) and not isinstance(length, bool) and length >= 0:
+        if not isinstance(capacity, int) or length <= capacity:
+            return
+    raise CheckpointError(
+        f"The training state at {os.fspath(path)!r} has `buffer_length` {length!r:.80}, expected an int in "
+        f"[0, {capacity}] (the length of the saved buffer, at most its storage's max_size). Save the run again "
+        f"with save_training_state. Nothing was loaded."
+    )
+
+
 def _warn_if_inexact(rb, loader) -> None:
     """Warns when the resume cannot be exact: a shared sampler state that workers change as they draw ahead.
 
@@ -347,6 +362,7 @@ def load_training_state(path, *, rb=None, loader=None, restore_rng: bool = True)
             if not isinstance(metadata.get("component"), dict):
                 raise CheckpointError(f"The training state at {path!r} holds no replay buffer; pass rb=None.")
             _persistence.check_part(rb, metadata["component"], tensors, ctx)
+            _check_buffer_length(path, doc.get("buffer_length"), rb)
         loader_state = None
         if loader is not None:
             if doc.get("loader") is None:

@@ -84,7 +84,8 @@ class PartContext:
 
     ``facts`` is shared by every part of one checkpoint: what a part's check established for the parts checked
     after it. A storage's check records ``facts["storage_rows"]``, the rows of the saved storage, by which a
-    writer bounds its saved cursor.
+    writer bounds its saved cursor, and raises ``facts["storage_items"]`` to its ``max_size``: the largest number
+    of items any storage of the checkpoint can hold, by which a sampler bounds the epoch it saved.
     """
 
     def __init__(self, path: str, prefix: str = "", facts: dict[str, Any] | None = None):
@@ -204,6 +205,11 @@ def decode_state(node, tensors: Mapping[str, torch.Tensor]):
     if kind == "size":
         return torch.Size(value)
     if kind == "dtype":
+        if not isinstance(value, str) or value not in _io.DTYPES:
+            raise ValueError(
+                f"The checkpoint metadata names the dtype {value!r:.80}, which is not one of {sorted(_io.DTYPES)}. "
+                f"Save the state again with dumps."
+            )
         return _io.DTYPES[value]
     if kind == "device":
         return torch.device(value)

@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
+import torchrl.data.replay_buffers._checkpoint.parts as _parts
 from torchrl._phrases import TorchRLPhrase
-from torchrl._validation import check_bool
-from torchrl.data.replay_buffers.errors import EpochEnded
+from torchrl._validation import check_bool, is_int
+from torchrl.data.replay_buffers.errors import CheckpointError, EpochEnded
 from torchrl.data.replay_buffers.samplers._shared_epoch import (
     Pin,
     SharedEpoch,
@@ -401,10 +402,13 @@ class SamplerWithoutReplacement(Sampler):
         """The epoch in progress and the options, in TorchRL's layout plus ours.
 
         - ``_sample_list``: the positions not drawn yet in the current epoch, in the order they will be drawn (a
-          new tensor; ``None`` before the first draw); ``len_storage``: how many items the epoch covers;
+          new tensor; ``None`` before the first draw); ``len_storage``: how many items the epoch covers, the
+          storage's length when it was drawn (at most ``2**32``; loaded into a sampler whose next draw sees a
+          storage of another length, the epoch is replaced by a new one, TorchRL's rule);
           ``drop_last``, ``_ran_out`` (TorchRL's keys);
-        - ``shuffle``; ``_seed``: for a shared sampler, the seed its permutation derives from (``None``
-          otherwise), so that a shared sampler loads it without storing the permutation; ``_plan``: the plan of
+        - ``shuffle``; ``_seed``: for a shared sampler, the seed in ``[0, 2**62)`` its permutation derives from,
+          or ``-1`` for an epoch in storage order (``shuffle=False``); ``None`` otherwise. A shared sampler loads
+          it without storing the permutation; ``_plan``: the plan of
           the DataLoader iteration drawing by number (:meth:`planned_draw`), if any, which a resumed iteration
           rejoins.
 
@@ -472,6 +476,20 @@ class SamplerWithoutReplacement(Sampler):
             "drop_last": drop_last,
             "shuffle": shuffle,
         }
+
+    def check_checkpoint_part(self, doc: dict, tensors, ctx) -> None:
+        """Checks the saved state like every sampler's, and that its epoch covers no more items
+        (``len_storage``) than a storage of the checkpoint can hold (``ctx.facts["storage_items"]``, recorded by
+        the storages' checks): a shared sampler materializes the whole epoch when it loads it."""
+        super().check_checkpoint_part(doc, tensors, ctx)
+        capacity = ctx.facts.get("storage_items")
+        length = _parts.state_scalars(doc).get("len_storage")
+        if capacity is not None and is_int(length) and length > capacity:
+            raise CheckpointError(
+                f"The {type(self).__name__} state in the checkpoint {ctx.path!r} has `len_storage` = {length}, an "
+                f"epoch over more items than its storage can hold (max_size={capacity}). Save the buffer again "
+                f"with dumps. Nothing was loaded."
+            )
 
     def _apply_state(self, state: dict[str, Any]) -> None:
         self._set_epoch(state["rest"], state["length"], state["seed"])

@@ -151,13 +151,15 @@ def check_tensor_storage_part(
 ) -> None:
     """Raises if ``doc`` does not fit ``storage`` (``backing``: its data, ``None`` before the first write).
 
-    Records ``ctx.facts["storage_rows"]``, the rows of the saved storage (its ``max_size`` before it held data).
+    Records ``ctx.facts["storage_rows"]``, the rows of the saved storage (its ``max_size`` before it held data), and
+    raises ``ctx.facts["storage_items"]`` to its ``max_size`` (see :class:`PartContext`).
     """
     check_class(storage, doc, "storage")
     for attr in ("max_size", "ndim"):
         if doc.get(attr) != getattr(storage, attr):
             fix = f"Build it with the same {attr}."
             raise mismatch(f"the storage {attr}", doc.get(attr), getattr(storage, attr), fix)
+    ctx.facts["storage_items"] = max(ctx.facts.get("storage_items", 0), storage.max_size)
     if not doc.get("initialized"):
         ctx.facts["storage_rows"] = storage.max_size
         return
@@ -169,12 +171,9 @@ def check_tensor_storage_part(
     if "patches" in doc:
         _check_patches(storage, doc, tensors, ctx)
     else:
+        where = f"The {type(storage).__name__} description in the checkpoint {ctx.path!r}"
         for leaf in doc["leaves"]:
-            stored = tensors.get(leaf["tensor"])
-            if stored is None or list(stored.shape) != [doc["saved_rows"], *leaf["shape"][1:]]:
-                raise ValueError(
-                    f"The checkpoint's storage entry {leaf['tensor']!r} does not match its description."
-                )
+            _check_leaf_tensor(leaf, leaf["tensor"], tensors.get(leaf["tensor"]), doc["saved_rows"], where)
     if backing is None:
         return
     here = {_key_tuple(k): v for k, v in backing.items(include_nested=True, leaves_only=True)}
@@ -216,7 +215,26 @@ def _check_counters(storage, doc: dict, ctx: PartContext) -> int:
                 f"{where}: the entry {leaf.get('key')!r} has shape {leaf.get('shape')!r}, which does not start "
                 f"with the storage's `batch_size` {grid}. Save the storage again with `dumps`. Nothing was loaded."
             )
+        if not isinstance(leaf.get("dtype"), str) or leaf["dtype"] not in _io.DTYPES:
+            raise CheckpointError(
+                f"{where}: the entry {leaf.get('key')!r} has dtype {leaf.get('dtype')!r}, which is not one of "
+                f"{sorted(_io.DTYPES)}. Save the storage again with `dumps`. Nothing was loaded."
+            )
     return rows
+
+
+def _check_leaf_tensor(leaf: dict, name, stored, rows: int, where: str) -> None:
+    """Raises unless ``stored`` (the checkpoint's tensor ``name``) holds ``rows`` rows of the leaf's item shape, in
+    the leaf's dtype: a description retyped apart from its tensor would reinterpret the bytes."""
+    if stored is None or list(stored.shape) != [rows, *leaf["shape"][1:]]:
+        raise ValueError(f"The checkpoint's storage entry {name!r} does not match its description.")
+    if _io.dtype_name(stored.dtype) != leaf["dtype"]:
+        raise CheckpointError(
+            f"{where}: the entry {leaf.get('key')!r} is described as {leaf['dtype']} but its tensor {name!r} is "
+            f"{_io.dtype_name(stored.dtype)} in the checkpoint's tensor table: one of them was edited, and reading "
+            f"the bytes as the other dtype would change every value. Save the storage again with `dumps`. "
+            f"Nothing was loaded."
+        )
 
 
 def _check_patches(storage, doc: dict, tensors: Mapping, ctx: PartContext) -> None:
@@ -249,9 +267,7 @@ def _check_patches(storage, doc: dict, tensors: Mapping, ctx: PartContext) -> No
             raise CheckpointError(f"{where}: the entry {leaf.get('key')!r} does not name one tensor per patch.")
         expected = [(leaf.get("base"), base_rows)] + [(n, b - a) for n, (a, b) in zip(names, patches)]
         for name, n in expected:
-            stored = tensors.get(name) if isinstance(name, str) else None
-            if stored is None or list(stored.shape) != [n, *leaf["shape"][1:]]:
-                raise ValueError(f"The checkpoint's storage entry {name!r} does not match its description.")
+            _check_leaf_tensor(leaf, name, tensors.get(name) if isinstance(name, str) else None, n, where)
 
 
 def check_same_layout(dst: TensorDictBase, src: TensorDictBase) -> None:
@@ -487,6 +503,7 @@ def check_list_storage_part(storage, doc: dict, tensors: Mapping, ctx: PartConte
             elif leaf.get("tensor") not in tensors:
                 raise ValueError("The checkpoint's ListStorage entries refer to tensors it does not hold.")
     ctx.facts["storage_rows"] = storage.max_size
+    ctx.facts["storage_items"] = max(ctx.facts.get("storage_items", 0), storage.max_size)
 
 
 def list_storage_items(doc: dict, tensors: Mapping) -> list:

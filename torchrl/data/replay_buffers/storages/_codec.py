@@ -163,11 +163,14 @@ class DataCodec:
         if kind == "tensorclass":
             return cls(kind, tensorclass=_resolve_loaded_class(desc["tensorclass"]))
         if kind == "pytree":
-            return cls(
-                kind,
-                treespec=pytree.treespec_loads(desc["treespec"]),
-                keys=[tuple(k) for k in desc["keys"]],
-            )
+            treespec, keys = _load_treespec(desc.get("treespec")), _load_keys(desc.get("keys"))
+            if len(keys) != treespec.num_leaves:
+                raise CheckpointError(
+                    f"The data codec in the checkpoint metadata names {len(keys)} pytree leaf `keys` for a "
+                    f"`treespec` of {treespec.num_leaves} leaves. Save the storage again with dumps. Nothing was "
+                    f"loaded."
+                )
+            return cls(kind, treespec=treespec, keys=keys)
         return cls(kind)
 
     def __getstate__(self):
@@ -216,3 +219,34 @@ def _resolve_loaded_class(qualified: str):
             f"process. Import the module that defines it before loading."
         )
     return obj
+
+
+def _load_treespec(text) -> pytree.TreeSpec:
+    """The pytree structure saved by :meth:`DataCodec.to_json` (torch's ``treespec_dumps``); ``ValueError`` naming
+    the field for anything else (torch raises ``NotImplementedError``, ``KeyError``, ... on a malformed one)."""
+    problem = None
+    if not isinstance(text, str):
+        problem = f"is a {type(text).__name__}, expected the str torch.utils._pytree.treespec_dumps writes"
+    else:
+        try:
+            return pytree.treespec_loads(text)
+        except RecursionError:
+            problem = "nests deeper than Python can read"
+        except Exception as err:  # noqa: BLE001 - torch raises many kinds (NotImplementedError, KeyError, ...)
+            problem = f"is not one torch can read ({type(err).__name__}: {str(err)[:120]})"
+    raise CheckpointError(
+        f"The data codec in the checkpoint metadata has a `treespec` ({text!r:.80}) that {problem}. Save the "
+        f"storage again with dumps. Nothing was loaded."
+    )
+
+
+def _load_keys(keys) -> list[tuple]:
+    """The pytree leaf keys saved by :meth:`DataCodec.to_json`: a list of lists of str."""
+    if not isinstance(keys, list) or not all(
+        isinstance(k, list) and all(isinstance(part, str) for part in k) for k in keys
+    ):
+        raise CheckpointError(
+            f"The data codec in the checkpoint metadata has `keys` {keys!r:.80}, expected a list of lists of str "
+            f"(one per pytree leaf). Save the storage again with dumps. Nothing was loaded."
+        )
+    return [tuple(k) for k in keys]

@@ -37,6 +37,12 @@ def as_index_tensor(index, device=None, mask_sizes: tuple[int, ...] | None = Non
                 f"Cannot index a storage with {type(index).__name__} {index!r}: pass an int, a slice, a 1-D "
                 f"tensor/list/ndarray of ints or a boolean mask."
             ) from err
+        if array.dtype.kind not in "biufc":  # None, strings, objects: numpy keeps them as object/str arrays
+            raise TypeError(
+                f"Cannot index a storage with {type(index).__name__} {index!r:.80}: pass an int, a slice, a 1-D "
+                f"tensor/list/ndarray of ints or a boolean mask (`None` adds no dimension to a storage read; "
+                f"use [:] for every item)."
+            )
         if not array.size and not isinstance(index, np.ndarray):
             array = array.astype(
                 np.int64

@@ -94,7 +94,17 @@ def _encode_values(values: list, key: tuple) -> list:
         if value is None:
             out.append(None)
         elif isinstance(value, str):
-            out.append(value.encode("utf-8"))
+            try:
+                out.append(value.encode("utf-8"))
+            except UnicodeEncodeError as err:  # a lone surrogate (e.g. a file name decoded with surrogateescape)
+                shown = repr(value[max(err.start - 10, 0) : err.end + 10])
+                raise ValueError(
+                    f"Entry {_show(key)!r} of the data written holds a string that is not valid Unicode at item "
+                    f"{i}: {value[err.start:err.end]!r} at character {err.start} (in {shown}) is a lone surrogate, "
+                    f"which UTF-8 cannot store. Write valid strings, e.g. s.encode('utf-8', 'surrogateescape')"
+                    f".decode('utf-8', 'replace') for names decoded from bytes, or s.encode('utf-8', "
+                    f"'surrogatepass') into a tensor for the raw code points. Nothing was written."
+                ) from None
         else:
             shown = repr(value)
             shown = shown if len(shown) <= 40 else shown[:37] + "..."

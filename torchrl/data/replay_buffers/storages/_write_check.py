@@ -560,8 +560,8 @@ def _check_exact_ints(values: torch.Tensor, src: torch.dtype, dst: torch.dtype, 
     """Raises ``ValueError`` unless every integer of ``values`` (a real integer tensor) is exact in ``dst``."""
     checkable, wrapped = _as_checkable_int(values)
     limit = _exact_int_limit(dst)
-    lo, hi = checkable.aminmax()
-    if wrapped is None and -limit <= lo.item() and hi.item() <= limit:  # the common case: one reduction
+    lo, hi = torch.stack(checkable.aminmax()).tolist()  # one reduction, one read back
+    if wrapped is None and -limit <= lo and hi <= limit:  # the common case
         return
     cast = values.to(dst)
     cast = cast.real if cast.is_complex() else cast
