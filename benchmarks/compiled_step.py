@@ -35,6 +35,7 @@ from torchrl.data import (
 )
 
 BATCH, WRITE = 256, 64
+SAMPLERS = ("uniform", "without replacement", "prioritized")
 FULL = {"capacities": (1_000, 100_000), "rounds": 5, "number": 200}
 SMOKE = {"capacities": (1_000,), "rounds": 2, "number": 10}
 
@@ -79,6 +80,7 @@ def main() -> None:
     parser.add_argument("--backend", default="inductor")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=SAMPLERS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cfg = SMOKE if args.smoke else FULL
@@ -90,8 +92,9 @@ def main() -> None:
     print("| sampler | capacity | eager steps/s | eager, compilable | compiled | compilable / eager "
           "| compiled / eager |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for kind in ("uniform", "without replacement", "prioritized"):
+    for kind in args.samplers:
         for capacity in cfg["capacities"]:
+            torch._dynamo.reset()  # one step function per configuration, not recompiles of one code object
             eager = _buffer(kind, capacity, device, False)
             compilable = _buffer(kind, capacity, device, True)
             compiled_rb = _buffer(kind, capacity, device, True)

@@ -212,3 +212,23 @@ def test_without_replacement_on_a_compilable_storage_refuses_short_batches():
     small = _filled_wor_buffer(n=2)
     with pytest.raises(RuntimeError, match="fewer items than batch_size"):
         small.sample()  # on the CPU the async assert raises at once
+
+
+def test_one_compiled_step_serves_buffers_of_several_capacities():
+    # dynamo makes the capacity symbolic at the second buffer: draws of a symbolic size must still trace
+    counter = CompileCounter()
+
+    def step(rb, data):
+        rb.extend(data)
+        return rb.sample()
+
+    compiled = torch.compile(step, backend=counter, fullgraph=True)
+    for capacity in (300, 700, 1500):
+        for sampler in (RandomSampler(), SamplerWithoutReplacement(drop_last=True)):
+            rb = TensorDictReplayBuffer(
+                storage=LazyTensorStorage(capacity, compilable=True), sampler=sampler, batch_size=64, compilable=True
+            )
+            rb.extend(_rows(-8, capacity))
+            for i in range(3):
+                assert compiled(rb, _rows(i, 16)).batch_size == (64,)
+    assert counter.frame_count <= 8

@@ -429,6 +429,15 @@ def check_has_rows(storage) -> torch.Tensor:
     return storage.len_tensor()
 
 
+def uniform_draws(count, generator: torch.Generator | None, device) -> torch.Tensor:
+    """``count`` float64 uniforms in ``[0, 1)``, from ``generator`` (on its device) or torch's default one (on
+    ``device``). ``generator=None`` is not passed on: ``torch.compile`` fails to trace ``torch.rand`` of a
+    symbolic size with an explicit ``generator=None``."""
+    if generator is None:
+        return torch.rand(count, device=device, dtype=torch.float64)
+    return torch.rand(count, generator=generator, device=generator.device, dtype=torch.float64)
+
+
 def unravel(flat: torch.Tensor, storage):
     """Flat cell positions -> what ``storage.get`` takes (the tensor itself for 1-D storages)."""
     if storage.ndim == 1:

@@ -9,6 +9,7 @@ from torchrl.data.replay_buffers.samplers.base import (
     check_batch_size,
     check_has_rows,
     check_not_empty,
+    uniform_draws,
     unravel,
 )
 
@@ -41,9 +42,8 @@ class RandomSampler(Sampler):
         batch_size = check_batch_size(batch_size)
         if storage.compilable:  # the length a tensor on the storage's device: no number read back, one graph
             n = check_has_rows(storage)
-            device = n.device if self._rng is None else self._rng.device
-            u = torch.rand(batch_size, generator=self._rng, device=device, dtype=torch.float64)
-            return unravel((u * n.to(device)).long(), storage), {}  # floor(u * n) < n for u < 1
+            u = uniform_draws(batch_size, self._rng, n.device)
+            return unravel((u * n.to(u.device)).long(), storage), {}  # floor(u * n) < n for u < 1
         n = check_not_empty(storage)
         device = getattr(storage, "device", None)
         device = device if isinstance(device, torch.device) else None

@@ -32,6 +32,7 @@ from torchrl.data.replay_buffers.samplers.base import (
     state_bool,
     state_index_tensor,
     state_int,
+    uniform_draws,
     unravel,
 )
 from torchrl.data.replay_buffers.samplers.random import RandomSampler
@@ -277,7 +278,7 @@ class SamplerWithoutReplacement(Sampler):
         new = (n != length) | (pos + count > n)
         positions = torch.arange(cells, device=n.device)
         if self.shuffle:
-            keys = torch.rand(cells, generator=self._rng, device=n.device, dtype=torch.float64)
+            keys = uniform_draws(cells, self._rng, n.device)
         else:
             keys = positions.to(torch.float64)
         fresh = torch.where(positions < n, keys, cells + 2.0).argsort()  # the cells holding data first
