@@ -9,6 +9,7 @@ Kept apart from :mod:`.prioritized` (the sampler and its trees), which re-export
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import torch
@@ -155,8 +156,31 @@ def _check_exponent(name: str, value) -> float:
     return value
 
 
+def tree_bytes(max_capacity: int) -> int:
+    """The memory a prioritized sampler's state takes: a sum and a min tree of ``2 * tree_capacity`` float64
+    nodes, and one float64 raw priority per item."""
+    return 2 * 2 * tree_capacity(max_capacity) * 8 + 8 * max_capacity
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system that reports it
+        return None
+
+
 def _check_max_capacity(max_capacity) -> int:
-    return check_positive_int("max_capacity", max_capacity, hint="Pass the storage's max_size.")
+    """``max_capacity`` as a positive int whose trees fit in this machine's memory (a ``ValueError`` that says
+    how much they need otherwise, before anything is allocated)."""
+    max_capacity = check_positive_int("max_capacity", max_capacity, hint="Pass the storage's max_size.")
+    needed, memory = tree_bytes(max_capacity), _physical_memory()
+    if memory is not None and needed > memory:
+        raise ValueError(
+            f"`max_capacity`={max_capacity} needs {needed / 2**30:.1f} GiB for the priority trees, more than this "
+            f"machine's {memory / 2**30:.1f} GiB of memory: pass the max_size of the storage sampled (the trees "
+            f"hold one priority per item, about 40 bytes each)."
+        )
+    return max_capacity
 
 
 def check_priorities(priority, name: str = "priority", *, fix: str | None = None) -> np.ndarray:

@@ -972,7 +972,8 @@ class PrioritizedSampler(Sampler):
         if isinstance(priority, torch.Tensor) and priority.ndim == 1 and priority.numel() == count:
             if priority.is_cpu and priority.dtype in (torch.float32, torch.float64):  # the common case
                 return priority.detach().numpy().astype(np.float64, copy=False)  # read-only from here on
-            return priority.detach().to("cpu", torch.float64).numpy()
+            if not (priority.is_complex() or priority.dtype == torch.bool):  # those are refused below
+                return priority.detach().to("cpu", torch.float64).numpy()
         if isinstance(priority, torch.Tensor) and priority.ndim > 1 and priority.numel() != count:
             if priority.shape[0] != count:
                 raise ValueError(
