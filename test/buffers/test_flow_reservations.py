@@ -233,7 +233,7 @@ def test_a_sample_timeout_names_the_writer_processes_and_when_they_last_wrote():
         rb.sample(wait=True, timeout=0.2)
     message = str(info.value)
     assert "sample side" in message
-    assert "no item was written during the 0.2 s wait (write_count stayed at 8)" in message
+    assert "no item was written during the wait of 0.2 seconds (write_count stayed at 8)" in message
     assert "only writes can end this wait: the producers meant to write" in message
     assert "are dead, stuck or not started" in message
     assert f"the writer processes: 1 of 2 alive (pid {os.getpid()} alive, last wrote" in message

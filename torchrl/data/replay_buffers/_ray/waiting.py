@@ -35,7 +35,7 @@ _ATTEMPT_TIMEOUT = 0.0
 def with_timeout(message: str, timeout: float) -> str:
     """The message of a zero-timeout attempt (:data:`_ATTEMPT_TIMEOUT`) as the caller's wait of ``timeout``
     seconds writes it."""
-    return message.replace(f" {_ATTEMPT_TIMEOUT} seconds", f" {timeout} seconds", 1)
+    return message.replace(f" {_ATTEMPT_TIMEOUT} seconds", f" {timeout} seconds")  # every mention of the wait
 
 
 def poll_until(

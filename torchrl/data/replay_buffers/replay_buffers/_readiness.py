@@ -404,7 +404,7 @@ class FlowControl:
         else:
             out = (
                 "nothing was ever written to this buffer" if inserts == 0 else
-                f"no item was written during the {waited} s wait (write_count stayed at {inserts})"
+                f"no item was written during the wait of {waited} seconds (write_count stayed at {inserts})"
             ) + (
                 ", and only writes can end this wait: the producers meant to write (collector processes or "
                 "threads) are dead, stuck or not started"
