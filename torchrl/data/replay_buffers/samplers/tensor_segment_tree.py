@@ -280,6 +280,7 @@ class TensorSumSegmentTree(_TensorSegmentTree):
 
     Examples:
         >>> import torch
+        >>> from torchrl.data.replay_buffers.samplers.tensor_segment_tree import TensorSumSegmentTree
         >>> tree = TensorSumSegmentTree(5, dtype=torch.float64)
         >>> tree.update(torch.arange(5), torch.arange(1.0, 6.0, dtype=torch.float64))
         >>> tree.query(0, 5), tree.query(1, 3)
@@ -323,6 +324,7 @@ class TensorMinSegmentTree(_TensorSegmentTree):
 
     Examples:
         >>> import torch
+        >>> from torchrl.data.replay_buffers.samplers.tensor_segment_tree import TensorMinSegmentTree
         >>> tree = TensorMinSegmentTree(4)
         >>> tree.update(torch.tensor([1, 3]), torch.tensor([5.0, 2.0]))
         >>> tree.query(0, 4), tree.query(0, 2), tree.query(2, 3)
@@ -340,6 +342,7 @@ class SumSegmentTreeFp32(TensorSumSegmentTree):
     """TorchRL's CPU float32 sum tree: :class:`TensorSumSegmentTree` on the CPU.
 
     Examples:
+        >>> from torchrl.data.replay_buffers.samplers import SumSegmentTreeFp32
         >>> tree = SumSegmentTreeFp32(5)
         >>> tree.size, tree.capacity, len(tree), tree.identity_element
         (5, 8, 5, 0.0)
@@ -353,6 +356,7 @@ class SumSegmentTreeFp64(TensorSumSegmentTree):
     """TorchRL's CPU float64 sum tree: :class:`TensorSumSegmentTree` on the CPU.
 
     Examples:
+        >>> from torchrl.data.replay_buffers.samplers import SumSegmentTreeFp64
         >>> tree = SumSegmentTreeFp64(5)
         >>> tree[2] = 3.0
         >>> tree[2], tree.query(0, 5)
@@ -367,6 +371,7 @@ class MinSegmentTreeFp32(TensorMinSegmentTree):
     """TorchRL's CPU float32 min tree: :class:`TensorMinSegmentTree` on the CPU.
 
     Examples:
+        >>> from torchrl.data.replay_buffers.samplers import MinSegmentTreeFp32
         >>> MinSegmentTreeFp32(5).query(0, 5)
         3.4028234663852886e+38
     """
@@ -379,6 +384,7 @@ class MinSegmentTreeFp64(TensorMinSegmentTree):
     """TorchRL's CPU float64 min tree: :class:`TensorMinSegmentTree` on the CPU.
 
     Examples:
+        >>> from torchrl.data.replay_buffers.samplers import MinSegmentTreeFp64
         >>> tree = MinSegmentTreeFp64(5)
         >>> tree.update(3, 2.5)
         >>> tree.query(0, 5), tree.query(0, 3)
