@@ -490,15 +490,7 @@ class TensorStorage(Storage):
         else:
             if versions is not None:
                 versions.begin(index.numpy())
-            if keys is None:
-                backing[index] = td
-            else:
-                for key in keys:
-                    dst = backing.get(key)
-                    src = td.get(key)
-                    if src.dtype != dst.dtype or src.device != dst.device:
-                        src = src.to(device=dst.device, dtype=dst.dtype)
-                    dst.index_copy_(0, index, src)
+            _copy_rows(backing, index, td, keys)
             # the last row written is the newest (a wrapped write [8, 9, 0, 1] ends at row 1)
             if ring is not None:
                 top, last = ring_rows(*ring, capacity)
@@ -533,15 +525,7 @@ class TensorStorage(Storage):
         backing = self._storage
         capacity = backing.batch_size[0]
         index, td, keys, _ = self._check(index, data, capacity, capacity, None, ring=ring)
-        if keys is None:
-            backing[index] = td
-        else:
-            for key in keys:
-                dst = backing.get(key)
-                src = td.get(key)
-                if src.dtype != dst.dtype or src.device != dst.device:
-                    src = src.to(device=dst.device, dtype=dst.dtype)
-                dst.index_copy_(0, index, src)
+        _copy_rows(backing, index, td, keys)
         counters = self._counters.tensor
         rows, last_row, revision, written, appended, append_break = counters.unbind()
         end = start + n
@@ -1072,6 +1056,20 @@ class TensorStorage(Storage):
     def __repr__(self) -> str:
         fields = "uninitialized" if self._storage is None else f"shape={list(self.shape)}"
         return f"{type(self).__name__}(max_size={self.max_size}, len={len(self)}, {fields}, device={self.device})"
+
+
+def _copy_rows(backing: TensorDictBase, index: torch.Tensor, td: TensorDictBase, keys) -> None:
+    """Writes the checked batch ``td`` into the rows ``index`` of ``backing``: whole, or leaf by leaf for
+    ``keys`` (cast to the stored dtype and device)."""
+    if keys is None:
+        backing[index] = td
+        return
+    for key in keys:
+        dst = backing.get(key)
+        src = td.get(key)
+        if src.dtype != dst.dtype or src.device != dst.device:
+            src = src.to(device=dst.device, dtype=dst.dtype)
+        dst.index_copy_(0, index, src)
 
 
 def _leading_shape(td: TensorDictBase) -> torch.Size:
