@@ -246,10 +246,11 @@ def _map(path: str, token: int, total: int) -> torch.Tensor:
         entry = _mapped.get(path)
         if entry is not None and entry[0] == token:
             return entry[1]
+        sender = path.split("/")[2] if path.startswith("/proc/") else None  # /proc/<worker pid>/fd/<n>
         gone = RingGoneError(
             f"A DataLoader batch arrived after the shared-memory ring it was written to ({path}) was "
-            f"removed: the worker that sent it has exited. Look for the worker's own error above; "
-            f"transport='torch' sends batches without a ring."
+            f"removed: the worker that sent it has exited (DataLoader worker{f' pid {sender}' if sender else ''}: "
+            f"killed, or ended by its own error, printed above). transport='torch' sends batches without a ring."
         )
         try:
             buffer = _open(path, total)
