@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tensordict import NonTensorStack, TensorDict
+from tensordict import NonTensorStack, TensorDict, TensorDictBase
 
 from torchrl._phrases import TorchRLPhrase
 from torchrl.data.datasets.common import BaseDatasetExperienceReplay
@@ -254,6 +254,9 @@ class LeRobotExperienceReplay(BaseDatasetExperienceReplay):
         strict_length (bool): the slice sampler's ``strict_length``. Defaults to ``True``.
         pin_memory (bool): Defaults to ``False``.
         prefetch (int, optional): Defaults to ``None``.
+        _data (TensorDict, optional): TorchRL's private keyword: frames already in memory (batch size ``[N]``,
+            TorchRL's keys), served as they are; nothing is read or written and ``root``/``download`` are not
+            used. :meth:`from_columns` passes it. Defaults to ``None``.
 
     Attributes:
         metadata (dict): the dataset's ``meta/info.json`` (``fps``, ``features``, ``total_episodes``, ...), with
@@ -294,11 +297,15 @@ class LeRobotExperienceReplay(BaseDatasetExperienceReplay):
         strict_length: bool = True,
         pin_memory: bool = False,
         prefetch: int | None = None,
+        _data: TensorDictBase | None = None,
     ) -> None:
-        source = None
-        if root is not None and isinstance(root, (str, os.PathLike)) and is_lerobot_dir(root):
-            source, root = Path(root).resolve(), None
-        self._open(repo_id, source, root, download, key_map, decode_video)
+        if _data is not None:  # frames already in memory (from_columns): nothing is read or written
+            self._adopt(repo_id, root, key_map, _data)
+        else:
+            source = None
+            if root is not None and isinstance(root, (str, os.PathLike)) and is_lerobot_dir(root):
+                source, root = Path(root).resolve(), None
+            self._open(repo_id, source, root, download, key_map, decode_video)
         self._finish(batch_size=batch_size, num_slices=num_slices, slice_len=slice_len, sampler=sampler,
                      writer=writer, collate_fn=collate_fn, transform=transform, rehydrate=rehydrate,
                      strict_length=strict_length, pin_memory=pin_memory, prefetch=prefetch)  # fmt: skip
@@ -382,16 +389,8 @@ class LeRobotExperienceReplay(BaseDatasetExperienceReplay):
             >>> batch["next", "observation", "state"].shape
             torch.Size([4, 1])
         """
-        root = kwargs.pop("root", None)
-        self = cls.__new__(cls)
-        self.repo_id = _check_repo_id(repo_id)
-        self.root = _default_root() if root is None else root
-        self.source = None
-        self.key_map = None if key_map is None else dict(key_map)
-        self.metadata = {}
-        self._frames_td = lerobot_columns_to_tensordict(columns, key_map=key_map)
-        self._finish(**kwargs)
-        return self
+        frames = lerobot_columns_to_tensordict(columns, key_map=key_map)
+        return cls(repo_id, key_map=key_map, _data=frames, **kwargs)
 
     # -- paths ------------------------------------------------------------------------------------------------
     @property
@@ -408,6 +407,25 @@ class LeRobotExperienceReplay(BaseDatasetExperienceReplay):
         return (self.data_path / _SOURCE_FILE).is_file()
 
     # -- building ---------------------------------------------------------------------------------------------
+    def _adopt(self, repo_id, root, key_map, frames) -> None:
+        """Serves ``frames`` (TorchRL's private ``_data`` keyword): a TensorDict of frames with TorchRL's keys
+        (batch size ``[N]``), as :func:`lerobot_columns_to_tensordict` returns; no file is read or written."""
+        if not isinstance(frames, TensorDictBase) or frames.batch_dims != 1:
+            raise TypeError(
+                f"`_data` must be a TensorDict of frames with batch size [N] (see lerobot_columns_to_tensordict), "
+                f"got {type(frames).__name__}"
+                f"{f' with batch size {list(frames.batch_size)}' if isinstance(frames, TensorDictBase) else ''}. "
+                f"Use LeRobotExperienceReplay.from_columns(columns) to build a dataset from columns."
+            )
+        if key_map is not None and not isinstance(key_map, Mapping):
+            raise TypeError(f"`key_map` must be a mapping column -> key or None, got {type(key_map).__name__}.")
+        self.repo_id = _check_repo_id(repo_id)
+        self.root = _default_root() if root is None else root
+        self.source = None
+        self.key_map = None if key_map is None else dict(key_map)
+        self.metadata = {}
+        self._frames_td = frames
+
     def _open(self, repo_id, source, root, download, key_map, decode_video) -> None:
         self.repo_id = _check_repo_id(repo_id)
         download = _check_download(download)

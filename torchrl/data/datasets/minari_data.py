@@ -47,6 +47,27 @@ def minari_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path("~/.minari/datasets").expanduser()
 
 
+def local_dataset_ids(cache: Path | None = None) -> list[str]:
+    """The ids of the Minari datasets in Minari's local cache (``cache``, default :func:`minari_cache_dir`):
+    each directory that holds ``data/metadata.json``, as ``<namespace>/<name>``, sorted."""
+    cache = minari_cache_dir() if cache is None else Path(cache)
+    if not cache.is_dir():
+        return []
+    found = {meta.parent.parent.relative_to(cache).as_posix() for meta in cache.rglob("data/metadata.json")}
+    return sorted(found)
+
+
+class _ClassProperty:
+    """A read-only property of the class itself (TorchRL's ``_classproperty``): ``Cls.name`` calls ``fget(Cls)``."""
+
+    def __init__(self, fget):
+        self.fget = fget
+        self.__doc__ = fget.__doc__
+
+    def __get__(self, obj, owner=None):
+        return self.fget(owner if owner is not None else type(obj))
+
+
 def _check_dataset_id(dataset_id) -> str:
     if not isinstance(dataset_id, str) or not dataset_id.strip():
         raise TypeError(
@@ -181,6 +202,25 @@ class MinariExperienceReplay(BaseDatasetExperienceReplay):
         if self.split_trajs:
             return self.root / (self.dataset_id + "_split")
         return self.data_path_root
+
+    @_ClassProperty
+    def available_datasets(cls) -> list[str]:
+        """The ids of the datasets this class can open: those in Minari's local cache (``$MINARI_DATASETS_PATH``,
+        else ``~/.minari/datasets``), sorted. TorchRL lists Minari's remote datasets here; this package works
+        without network access, so it lists what can be converted from the local cache (``minari download <id>``
+        adds one).
+
+        Examples:
+            >>> import os, pathlib
+            >>> import torchrl
+            >>> from torchrl.data.datasets import MinariExperienceReplay
+            >>> repo = pathlib.Path(torchrl.__file__).resolve().parents[1]
+            >>> os.environ["MINARI_DATASETS_PATH"] = str(repo / "test" / "datasets" / "data" / "minari_datasets")
+            >>> "cartpole/random-arrow-v0" in MinariExperienceReplay.available_datasets
+            True
+            >>> del os.environ["MINARI_DATASETS_PATH"]
+        """
+        return local_dataset_ids()
 
     @property
     def metadata_path(self) -> Path:

@@ -598,7 +598,8 @@ class H5StorageCheckpointer(NestedStorageCheckpointer):
 
     Keyword Args:
         checkpoint_file (str): the file name under ``path``. Defaults to ``"checkpoint.h5"``.
-        done_keys, reward_keys: see :class:`FlatStorageCheckpointer`.
+        done_keys (sequence of NestedKey, optional): see :class:`FlatStorageCheckpointer`.
+        reward_keys (sequence of NestedKey, optional): see :class:`FlatStorageCheckpointer`.
         h5_kwargs (dict, optional): keyword arguments of ``h5py.Group.create_dataset`` for every dataset
             (e.g. ``{"compression": "gzip"}``). Defaults to ``None``.
         **kwargs: accepted for TorchRL compatibility and ignored.

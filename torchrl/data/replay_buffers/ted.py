@@ -26,9 +26,11 @@ save hook (``hook(data, path=path)``) / load hook (``hook(data, out=destination)
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
@@ -115,9 +117,6 @@ class _TEDHook:
         self.reward_keys = _as_key_names(
             "reward_keys", DEFAULT_REWARD_KEYS if reward_keys is None else reward_keys
         )
-        # set by a storage checkpointer before each save: the row of the oldest step and whether the ring is full
-        self.shift: int | None = None
-        self.is_full: bool = False
 
     def _check_td(self, data, what: str) -> None:
         if not isinstance(data, TensorDictBase):
@@ -140,7 +139,8 @@ class TED2Flat(_TEDHook):
     Use it alone, or as a storage save hook that makes checkpoints about half the size of TED data.
 
     Args:
-        done_key (NestedKey): the entry under ``"next"`` whose flags end trajectories. Defaults to ``"done"``.
+        done_key (NestedKey): the entry whose flags end trajectories: ``("next", name)``, or ``name`` alone (read
+            under ``"next"`` too: TED data keeps the flags of a step there). Defaults to ``("next", "done")``.
         shift_key (NestedKey): where the row of the oldest step is stored for a full ring buffer. Defaults to
             ``"shift"``.
         is_full_key (NestedKey): where ``is_full`` is stored for a full ring buffer. Defaults to ``"is_full"``.
@@ -151,9 +151,7 @@ class TED2Flat(_TEDHook):
     Attributes:
         done_keys (set): the done names, as TorchRL keeps them: a ``str`` per one-level name, a tuple per nested
             key (``{"done", "truncated", "terminated"}`` by default).
-        shift (int or None): with ``is_full=False``, the number of filled rows (``None``: every row); with
-            ``is_full=True``, the row of the oldest step. Set by storage checkpointers. Defaults to ``None``.
-        is_full (bool): whether the rows form a full ring buffer. Defaults to ``False``.
+        done_key (tuple): ``done_key`` as a tuple, as given (``("next", "done")`` by default).
 
     Examples:
         >>> import torch
@@ -175,6 +173,54 @@ class TED2Flat(_TEDHook):
         True
     """
 
+    def __init__(
+        self,
+        done_key=("next", "done"),
+        shift_key="shift",
+        is_full_key="is_full",
+        done_keys=DEFAULT_DONE_KEYS,
+        reward_keys=DEFAULT_REWARD_KEYS,
+    ):
+        super().__init__(done_key, shift_key, is_full_key, done_keys, reward_keys)
+        key = self.done_key
+        # the entry under "next" (and, in the flat layout, at the root) that holds the flags
+        self._step_done_key = key[1:] if key[0] == "next" and len(key) > 1 else key
+        # set by a storage checkpointer before each save: the row of the oldest step and whether the ring is full
+        self._shift: int | None = None
+        self._is_full: bool = False
+
+    @property
+    def shift(self) -> int | None:
+        """With ``is_full=False``, the number of filled rows (``None``: every row); with ``is_full=True``, the row
+        of the oldest step. Set by storage checkpointers before a save."""
+        return self._shift
+
+    @shift.setter
+    def shift(self, value: int | None) -> None:
+        if value is None:
+            self._shift = None
+            return
+        try:
+            row = operator.index(value) if not isinstance(value, (bool, np.bool_)) else None
+        except TypeError:
+            row = None
+        if row is None or row < 0:
+            raise ValueError(f"`shift` must be None or a non-negative int (a row of the storage), got {value!r}.")
+        self._shift = row
+
+    @property
+    def is_full(self) -> bool:
+        """Whether the rows form a full ring buffer (then :attr:`shift` is the row of the oldest step)."""
+        return self._is_full
+
+    @is_full.setter
+    def is_full(self, value: bool) -> None:
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dtype == torch.bool:
+            value = bool(value)
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"`is_full` must be a bool, got {value!r}.")
+        self._is_full = bool(value)
+
     def __call__(self, data: TensorDictBase, path=None) -> TensorDictBase:
         """Returns the flat layout of ``data`` (``path`` is accepted for the save-hook signature, unused)."""
         self._check_td(data, "a 1-D (time)")
@@ -186,12 +232,12 @@ class TED2Flat(_TEDHook):
         data = self._in_time_order(data)
         n = data.shape[0]
         nxt = data.get("next", None)
-        if not isinstance(nxt, TensorDictBase) or nxt.get(self.done_key, None) is None:
+        if not isinstance(nxt, TensorDictBase) or nxt.get(self._step_done_key, None) is None:
             raise KeyError(
-                f"{type(self).__name__} needs the entry {('next', *self.done_key)!r} (one done flag per step) "
-                f"to find trajectories: pass `done_key` naming the stored done entry."
+                f"{type(self).__name__} needs the entry {('next', *self._step_done_key)!r} (one done flag per "
+                f"step) to find trajectories: pass `done_key` naming the stored done entry."
             )
-        ends = self._ends(_step_flags(nxt.get(self.done_key), n, ("next", *self.done_key)))
+        ends = self._ends(_step_flags(nxt.get(self._step_done_key), n, ("next", *self._step_done_key)))
         first = torch.cumsum(ends, 0) - ends.long()  # trajectory of each step
         end_pos = ends.nonzero().squeeze(-1)
         n_traj = end_pos.numel()
@@ -323,7 +369,7 @@ class TED2Nested(TED2Flat):
 
     The flat layout of :class:`TED2Flat`, split per trajectory: an observation of a trajectory of ``L`` steps
     has ``L + 1`` rows, other entries ``L``. ``shift``/``is_full`` of a full ring buffer are non-tensor
-    entries. Takes the arguments of :class:`TED2Flat`.
+    entries. Takes the arguments of :class:`TED2Flat` (positional or by keyword, as TorchRL's ``*args, **kwargs``).
 
     Examples:
         >>> import torch
@@ -339,11 +385,14 @@ class TED2Nested(TED2Flat):
         True
     """
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+
     def __call__(self, data: TensorDictBase, path=None) -> TensorDictBase:
         flat = super().__call__(data)
-        done = flat.get(self.done_key)
+        done = flat.get(self._step_done_key)
         n = done.shape[0]
-        ends = self._ends(_step_flags(done, n, self.done_key))
+        ends = self._ends(_step_flags(done, n, self._step_done_key))
         lengths = torch.diff(
             ends.nonzero().squeeze(-1), prepend=torch.tensor([-1], device=ends.device)
         ).tolist()

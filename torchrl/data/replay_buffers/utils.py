@@ -4,6 +4,7 @@
 - :func:`pin_memory_output`: a method decorator that pins what the method returns when ``self._pin_memory``;
 - :data:`INT_CLASSES` / :data:`INT_CLASSES_TYPING`: the integer types accepted as one index;
 - :func:`find_start_stop_traj`: trajectory start/stop positions from done flags or trajectory ids;
+- :func:`unravel_index`: flat indices to per-dim coordinates (:func:`torch.unravel_index`);
 - :func:`has_nontensor`: whether a TensorDict holds a non-tensor entry (what tensor storages encode as strings
   and what the TED storage checkpointers refuse);
 - the TED layouts (:class:`TED2Flat`, :class:`Flat2TED`, ...) and :data:`DEFAULT_DONE_KEYS`, defined in
@@ -53,8 +54,8 @@ TRAJ_EMPTY = TorchRLPhrase(
     "The {name} input is empty (T=0): there is no trajectory to find. Pass at least one step.",
 )
 
-# What ``torchrl.data`` exports from here; INT_CLASSES, INT_CLASSES_TYPING, DEFAULT_REWARD_KEYS, tree_iter and
-# pin_memory_output are TorchRL's names of this module, imported by name.
+# What ``torchrl.data`` exports from here; INT_CLASSES, INT_CLASSES_TYPING, DEFAULT_REWARD_KEYS, tree_iter,
+# pin_memory_output and unravel_index are TorchRL's names of this module, imported by name.
 __all__ = [
     "DEFAULT_DONE_KEYS",
     "find_start_stop_traj",
@@ -88,6 +89,25 @@ def tree_iter(pytree: Any, is_leaf: Callable[[Any], bool] | None = None) -> Iter
         [tensor([0.]), 1, 2, 3]
     """
     return iter(_pytree.tree_leaves(pytree, is_leaf=is_leaf))
+
+
+def unravel_index(indices: torch.Tensor, shape: int | tuple[int, ...] | torch.Size) -> tuple[torch.Tensor, ...]:
+    """The coordinates in a tensor of ``shape`` of flat (row-major) ``indices``: :func:`torch.unravel_index`.
+
+    Args:
+        indices (Tensor): integer flat indices, any shape.
+        shape (int or sequence of ints): the shape the indices point into.
+
+    Returns:
+        one tensor per dim of ``shape``, each of ``indices``' shape.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data.replay_buffers.utils import unravel_index
+        >>> unravel_index(torch.tensor([0, 5, 7]), (2, 4))
+        (tensor([0, 1, 1]), tensor([0, 1, 3]))
+    """
+    return torch.unravel_index(indices, shape)
 
 
 def has_nontensor(td: TensorDictBase) -> bool:
@@ -164,7 +184,12 @@ def _cursor_row(cursor) -> int:
 
 
 def find_start_stop_traj(
-    *, trajectory: torch.Tensor | None = None, end: torch.Tensor | None = None, at_capacity: bool, cursor=None
+    *,
+    trajectory: torch.Tensor | None = None,
+    end: torch.Tensor | None = None,
+    at_capacity: bool,
+    cursor=None,
+    device: torch.device | str | int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Finds the trajectories of a storage from per-step trajectory ids or done flags.
 
@@ -180,6 +205,8 @@ def find_start_stop_traj(
         at_capacity (bool): whether the storage is full (its rows form a ring).
         cursor (int, range or Tensor, optional): the last written position (the last element of a range or
             tensor); used when ``at_capacity``.
+        device (torch.device, optional): where the returned tensors live. Defaults to ``None``: the device of
+            ``trajectory``/``end``.
 
     Returns:
         ``(start, stop, lengths)``: ``start`` and ``stop`` are ``[N, ndim]`` long tensors holding the positions
@@ -210,6 +237,8 @@ def find_start_stop_traj(
         raise TRAJ_EMPTY.error(name=f"`{name}`")
     if cursor is not None:
         _cursor_row(cursor)  # checked before anything is computed, whatever `at_capacity`
+    if device is not None:
+        device = _as_device(device)
     if trajectory is not None:
         flags = values != values.roll(-1, 0)  # the last step is compared with the first (a ring)
     else:
@@ -225,7 +254,20 @@ def find_start_stop_traj(
                 raise IndexError(f"`cursor` {row} is out of range for {flags.shape[0]} steps.")
             flags[row] = True
         flags[-1] |= ~flags.any(0)  # a stream needs an end to delimit its trajectories
-    return _ends_to_start_stop(flags)
+    start, stop, lengths = _ends_to_start_stop(flags)
+    if device is not None:
+        start, stop, lengths = start.to(device), stop.to(device), lengths.to(device)
+    return start, stop, lengths
+
+
+def _as_device(device) -> torch.device:
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(
+            f"`device` must be a torch.device, a device string such as 'cpu' or 'cuda:0', or a device index; got "
+            f"{device!r}."
+        ) from err
 
 
 def _ends_to_start_stop(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -128,6 +128,12 @@ class MultiStepTransform(Transform):
             Defaults to ``["done", "truncated", "terminated"]``.
         mask_key (NestedKey, optional): a per-step validity flag: ``"nonterminal"`` is ``False`` where it is
             ``False``. Defaults to ``"mask"``.
+        traj_key (NestedKey, optional): the trajectory id of each step, for a stream whose steps of several
+            trajectories are interleaved (several environments or collectors writing one ``[T]`` stream step by
+            step). Each trajectory is then looked ahead over its own steps only, in the order written: the
+            transform holds back the last ``n_steps`` steps of each trajectory, and all of them once its last
+            held step is done; the stored steps keep the order in which they were written. ``None`` treats the
+            stream as one time line (TorchRL's behaviour). Defaults to ``None``.
 
     Examples:
         >>> import torch
@@ -156,17 +162,16 @@ class MultiStepTransform(Transform):
         done_key: Any = None,
         done_keys: Sequence | None = None,
         mask_key: Any = None,
+        traj_key: Any = None,
     ):
-        # NOTE [deferred torchrl.data imports]
-        from torchrl.data.replay_buffers.ted import DEFAULT_DONE_KEYS
-
         super().__init__()
         self.n_steps = n_steps
         self.gamma = gamma
-        self.reward_keys = _check_keys("reward_keys", reward_keys, ["reward"])
-        self.done_key = _check_key("done_key", done_key if done_key is not None else "done")
-        self.done_keys = _check_keys("done_keys", done_keys, DEFAULT_DONE_KEYS)
-        self.mask_key = _check_key("mask_key", mask_key if mask_key is not None else "mask")
+        self.reward_keys = reward_keys
+        self.done_key = done_key
+        self.done_keys = done_keys
+        self.mask_key = mask_key
+        self.traj_key = None if traj_key is None else _check_key("traj_key", traj_key)
         self._buffer: TensorDictBase | None = None
 
     @property
@@ -187,6 +192,46 @@ class MultiStepTransform(Transform):
     def gamma(self, value: float) -> None:
         self._gamma = check_gamma(value)
 
+    # TorchRL's key properties: each may be changed between writes; ``None`` sets the default back
+    @property
+    def reward_keys(self) -> list:
+        """The reward entries (under ``"next"``) summed over the look-ahead. Defaults to ``["reward"]``."""
+        return self._reward_keys
+
+    @reward_keys.setter
+    def reward_keys(self, value) -> None:
+        self._reward_keys = _check_keys("reward_keys", value, ["reward"])
+
+    @property
+    def done_key(self):
+        """The entry (under ``"next"``) whose flags end the look-ahead. Defaults to ``"done"``."""
+        return self._done_key
+
+    @done_key.setter
+    def done_key(self, value) -> None:
+        self._done_key = _check_key("done_key", value if value is not None else "done")
+
+    @property
+    def done_keys(self) -> list:
+        """All the done entries, carried from the step at the end of the look-ahead. Defaults to
+        :data:`~torchrl.data.DEFAULT_DONE_KEYS`."""
+        return self._done_keys
+
+    @done_keys.setter
+    def done_keys(self, value) -> None:
+        from torchrl.data.replay_buffers.ted import DEFAULT_DONE_KEYS  # NOTE [deferred torchrl.data imports]
+
+        self._done_keys = _check_keys("done_keys", value, DEFAULT_DONE_KEYS)
+
+    @property
+    def mask_key(self):
+        """The entry that marks the steps whose look-ahead is complete. Defaults to ``"mask"``."""
+        return self._mask_key
+
+    @mask_key.setter
+    def mask_key(self, value) -> None:
+        self._mask_key = _check_key("mask_key", value if value is not None else "mask")
+
     def _multistep(self) -> MultiStep:
         from torchrl.data.postprocs.postprocs import MultiStep  # NOTE [deferred torchrl.data imports]
 
@@ -206,6 +251,8 @@ class MultiStepTransform(Transform):
         Nothing is held or changed when the data is refused.
         """
         window = self._window(tensordict)
+        if self.traj_key is not None:
+            return self._inv_interleaved(window)
         n = self.n_steps
         length = window.batch_size[-1]
         if length <= n:
@@ -214,6 +261,56 @@ class MultiStepTransform(Transform):
         out = self._multistep()(window)
         self._buffer = window[..., length - n:].clone()
         return out[..., : length - n]
+
+    def _inv_interleaved(self, window: TensorDictBase) -> TensorDictBase | None:
+        """:meth:`inv` with ``traj_key``: each trajectory of the window looked ahead over its own steps."""
+        ids = self._trajectory_ids(window)
+        length, n = window.batch_size[0], self.n_steps
+        if not length:
+            self._buffer = window.clone()
+            return None
+        order = torch.argsort(ids, stable=True)  # each trajectory's steps side by side, in the order written
+        grouped = window[order]
+        sid = ids[order]
+        last = torch.ones(length, dtype=torch.bool, device=sid.device)
+        last[:-1] = sid[1:] != sid[:-1]  # the newest held step of each trajectory
+        position = torch.arange(length, device=sid.device)
+        group_end = torch.where(last, position, torch.full_like(position, length))
+        group_end = group_end.flip(0).cummin(0).values.flip(0)
+        done_key = ("next", *_as_tuple(self.done_key))
+        done = grouped.get(done_key)
+        done = done.reshape(length, -1).bool().any(-1).to(sid.device)
+        release = (group_end - position >= n) | done[group_end]  # n steps known after it, or its trajectory ended
+        if not bool(release.any()):
+            self._buffer = window.clone()
+            return None
+        bounded = grouped.clone(False)  # a trajectory's newest step ends its look-ahead (never a released one's)
+        flags = grouped.get(done_key)
+        bounded.set(done_key, flags | last.reshape(-1, *[1] * (flags.ndim - 1)).to(flags.device))
+        out = self._multistep()(bounded)
+        out.set(done_key, flags)
+        written = order[release]
+        out = out[release][torch.argsort(written)]  # in the order the steps were written
+        kept = torch.sort(order[~release]).values
+        self._buffer = window[kept].clone()
+        return out
+
+    def _trajectory_ids(self, window: TensorDictBase) -> torch.Tensor:
+        if window.batch_dims != 1:
+            raise ValueError(
+                f"MultiStepTransform(traj_key={self.traj_key!r}) takes one interleaved stream of batch size [T], got "
+                f"{list(window.batch_size)}: write each environment's steps with their trajectory ids as one [T] "
+                f"stream, or leave traj_key=None for [*B, T] data."
+            )
+        ids = window.get(self.traj_key, None)
+        if not isinstance(ids, torch.Tensor) or ids.shape[:1] != window.batch_size or ids.shape[1:].numel() != 1:
+            raise KeyError(
+                f"MultiStepTransform(traj_key={self.traj_key!r}) needs one trajectory id per step under "
+                f"{self.traj_key!r}; the data written holds "
+                f"{'none' if ids is None else 'an entry of shape ' + str(list(getattr(ids, 'shape', [])))}. Pass "
+                f"the entry holding trajectory ids with `traj_key=`."
+            )
+        return ids.reshape(-1)
 
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase | None:
         """TorchRL's name of the write path (its tests call ``transform._inv_call(rollout)``): :meth:`inv`."""
@@ -277,7 +374,8 @@ class MultiStepTransform(Transform):
 
     def extra_repr(self) -> str:
         held = 0 if self._buffer is None else self._buffer.batch_size[-1]
-        return f"n_steps={self.n_steps}, gamma={self.gamma}, reward_keys={self.reward_keys}, held={held}"
+        traj = "" if self.traj_key is None else f", traj_key={self.traj_key!r}"
+        return f"n_steps={self.n_steps}, gamma={self.gamma}, reward_keys={self.reward_keys}{traj}, held={held}"
 
     def __repr__(self) -> str:
         return f"MultiStepTransform({self.extra_repr()})"

@@ -6,12 +6,12 @@ Names are resolved lazily, so importing ``torchrl.modules.llm`` needs neither ``
 
 from __future__ import annotations
 
-__all__ = ["TorchRLBufferDataset"]
+__all__ = ["HFRewardModelWrapper", "TorchRLBufferDataset"]
 
 
 def __getattr__(name: str):
-    if name == "TorchRLBufferDataset":
-        from torchrl.modules.llm.trl_interop import TorchRLBufferDataset
+    if name in __all__:
+        from torchrl.modules.llm import trl_interop
 
-        return TorchRLBufferDataset
+        return getattr(trl_interop, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

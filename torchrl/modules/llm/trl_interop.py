@@ -1,4 +1,5 @@
-"""Feed replay buffers to Hugging Face / TRL trainers: :class:`TorchRLBufferDataset`.
+"""Feed replay buffers to Hugging Face / TRL trainers (:class:`TorchRLBufferDataset`), and score token sequences
+with a Hugging Face reward model inside TensorDict pipelines (:class:`HFRewardModelWrapper`).
 
 Trainers of ``transformers`` and ``trl`` consume datasets whose items are flat ``dict[str, Any]`` samples.
 :class:`TorchRLBufferDataset` is a :class:`~torchrl.data.ReplayBufferDataset` that draws ``batch_size`` items
@@ -8,17 +9,33 @@ wraps it in a ``datasets.IterableDataset`` for trainers that want one.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any
 
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
 
+from torchrl._phrases import TorchRLPhrase
 from torchrl.data import ReplayBufferDataset
 from torchrl.data.replay_buffers.replay_buffers import ReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.dataset import SHAREABLE_SAMPLERS
 
-__all__ = ["TorchRLBufferDataset"]
+__all__ = ["HFRewardModelWrapper", "TorchRLBufferDataset"]
+
+REWARD_NOT_FOUND = TorchRLPhrase(
+    RuntimeError,
+    "could not extract reward",
+    "HFRewardModelWrapper could not extract reward from the output of {model} ({output}): the model must return "
+    "an object with `logits` (a sequence-classification model with num_labels=1) or `rewards`, or a tensor.",
+)
+REWARD_SHAPE = TorchRLPhrase(
+    RuntimeError,
+    "expected one scalar reward per input",
+    "HFRewardModelWrapper expected one scalar reward per input: {batch} token sequences, and the model returned "
+    "rewards of shape {shape}. Use a reward model with a single output (num_labels=1).",
+)
 
 
 def _flat_name(key) -> str:
@@ -196,3 +213,121 @@ class TorchRLBufferDataset(ReplayBufferDataset):
 
 def _generate_examples(dataset: TorchRLBufferDataset):
     yield from enumerate(dataset)
+
+
+def _check_nested_key(name: str, key, *, optional: bool = False):
+    if optional and key is None:
+        return None
+    if isinstance(key, str) or (isinstance(key, tuple) and key and all(isinstance(k, str) for k in key)):
+        return key
+    none = " or None (no attention mask)" if optional else ""
+    raise TypeError(f"`{name}` must be a key (a str or a tuple of str){none}, got {key!r}.")
+
+
+class HFRewardModelWrapper(TensorDictModuleBase):
+    """Runs a Hugging Face reward model on token ids and writes one scalar reward per sequence.
+
+    Why: RLHF pipelines keep token ids and attention masks in TensorDicts (replay buffers, collectors); this
+    module scores them with a reward model (e.g. ``AutoModelForSequenceClassification`` with ``num_labels=1``)
+    where TensorDict modules are expected, e.g. as a buffer or environment transform.
+
+    ``forward(td)`` calls ``model(input_ids=td[token_key], attention_mask=td[attention_mask_key])`` and writes
+    the reward (``float32``, shape ``[B]``) into ``td[reward_key]`` in place. The reward is the output's
+    ``logits``, else its ``rewards``, else the output itself when it is a tensor; an output of shape ``[B, 1]`` is
+    squeezed to ``[B]``.
+
+    Args:
+        model (torch.nn.Module): the reward model, called with the keywords ``input_ids`` and ``attention_mask``.
+
+    Keyword Args:
+        token_key (NestedKey): the token ids, ``[B, T]`` integers. Defaults to ``("tokens", "full")``.
+        attention_mask_key (NestedKey, optional): the attention mask, ``[B, T]``; ``None`` calls the model without
+            one. Defaults to ``("masks", "all_attention_mask")``.
+        reward_key (NestedKey): where the reward is written. Defaults to ``"reward"``.
+        inference_mode (bool): run the model without building an autograd graph (``torch.no_grad``), for
+            scoring only. Defaults to ``False``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.modules.llm.trl_interop import HFRewardModelWrapper
+        >>> class LengthReward(torch.nn.Module):  # stands for a reward model: one logit per sequence
+        ...     def forward(self, input_ids, attention_mask):
+        ...         return attention_mask.sum(-1, keepdim=True).float()
+        >>> scorer = HFRewardModelWrapper(LengthReward(), token_key="input_ids", attention_mask_key="attention_mask")
+        >>> td = TensorDict(input_ids=torch.ones(2, 4, dtype=torch.long),
+        ...                 attention_mask=torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]]), batch_size=[2])
+        >>> scorer(td)["reward"]
+        tensor([2., 4.])
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        token_key=("tokens", "full"),
+        attention_mask_key=("masks", "all_attention_mask"),
+        reward_key="reward",
+        inference_mode: bool = False,
+    ) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(
+                f"`model` must be a torch.nn.Module (e.g. AutoModelForSequenceClassification.from_pretrained(..., "
+                f"num_labels=1)), got {type(model).__name__}."
+            )
+        token_key = _check_nested_key("token_key", token_key)
+        attention_mask_key = _check_nested_key("attention_mask_key", attention_mask_key, optional=True)
+        reward_key = _check_nested_key("reward_key", reward_key)
+        if not isinstance(inference_mode, bool):
+            raise TypeError(f"`inference_mode` must be a bool, got {inference_mode!r}.")
+        super().__init__()
+        self._model = model
+        self.token_key = token_key
+        self.attention_mask_key = attention_mask_key
+        self.reward_key = reward_key
+        self.inference_mode = inference_mode
+        self.in_keys = [token_key] if attention_mask_key is None else [token_key, attention_mask_key]
+        self.out_keys = [reward_key]
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The wrapped reward model."""
+        return self._model
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Scores the sequences of ``tensordict`` and writes ``tensordict[reward_key]`` (returns ``tensordict``)."""
+        keys = [("token_key", self.token_key)]
+        if self.attention_mask_key is not None:
+            keys.append(("attention_mask_key", self.attention_mask_key))
+        inputs = {}
+        for name, key in keys:
+            value = tensordict.get(key, None)
+            if value is None:
+                raise KeyError(
+                    f"HFRewardModelWrapper reads {key!r} (`{name}`), which the TensorDict does not hold; its keys: "
+                    f"{sorted(map(str, tensordict.keys(include_nested=True, leaves_only=True)))}. Pass `{name}` "
+                    f"naming the entry."
+                )
+            inputs["input_ids" if name == "token_key" else "attention_mask"] = value
+        context = torch.no_grad() if self.inference_mode else contextlib.nullcontext()
+        with context:
+            output = self._model(**inputs)
+        reward = _reward_of(output, self._model)
+        batch = inputs["input_ids"].shape[0] if inputs["input_ids"].ndim else 0
+        if reward.ndim == 2 and reward.shape[-1] == 1:
+            reward = reward.squeeze(-1)
+        if reward.ndim != 1 or reward.shape[0] != batch:
+            raise REWARD_SHAPE.error(batch=batch, shape=list(reward.shape))
+        tensordict.set(self.reward_key, reward.float())
+        return tensordict
+
+
+def _reward_of(output, model: torch.nn.Module) -> torch.Tensor:
+    """The reward tensor of a reward model's ``output``: its ``logits``, else its ``rewards``, else the tensor."""
+    for name in ("logits", "rewards"):
+        value = getattr(output, name, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    if isinstance(output, torch.Tensor):
+        return output
+    raise REWARD_NOT_FOUND.error(model=type(model).__name__, output=type(output).__name__)

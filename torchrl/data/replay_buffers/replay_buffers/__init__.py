@@ -2,8 +2,10 @@
 
 from torchrl.data.replay_buffers.replay_buffers import rate_limited, rate_limiters  # noqa: E402
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
+from torchrl.data.replay_buffers.replay_buffers.blocking import BlockingReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.conditional_update import ConditionalUpdateResult
 from torchrl.data.replay_buffers.replay_buffers.dataset import ReplayBufferDataset
+from torchrl.data.replay_buffers.replay_buffers.deprecated import InPlaceSampler, stack_tensors
 from torchrl.data.replay_buffers.replay_buffers.ensemble import ReplayBufferEnsemble
 from torchrl.data.replay_buffers.replay_buffers.prioritized import (
     PrioritizedReplayBuffer,
@@ -23,6 +25,9 @@ __all__ = [
     "RemoteTensorDictReplayBuffer",
     "ConditionalUpdateResult",
     "ReplayBufferDataset",
+    "InPlaceSampler",  # TorchRL keeps these two for old code (deprecated.py)
+    "stack_tensors",
+    "BlockingReplayBuffer",
     *rate_limited.__all__,
     *rate_limiters.__all__,
 ]

@@ -161,8 +161,8 @@ class FlowControl:
     and its commit, an insert between its permission and the end of its write) is added to ``reserved_samples``
     / ``reserved_inserts`` and to the ``held_*`` fields of the slot of the process that took it (the slot
     records its owner's pid and start time); its release takes back no more than the slot holds. A process
-    killed inside a reservation leaves it in its slot: before a refusal becomes a wait, before each sleep of a
-    wait, and in :meth:`stats`, :meth:`give_back_dead` gives back the reservations of every slot whose owner is
+    killed inside a reservation leaves it in its slot: before a refusal becomes a wait and before each sleep of a
+    wait, :meth:`give_back_dead` gives back the reservations of every slot whose owner is
     gone (``os.kill(pid, 0)`` finds no process, ``/proc`` shows a zombie, or the pid now names a process started
     at another time), and a slot taken over gives back what it held. Reserving writes the slot before the
     counter and releasing the counter before the slot, so a kill between the two stores can only let the
@@ -891,9 +891,9 @@ class FlowControl:
         )  # fmt: skip
 
     def stats(self) -> dict[str, Any]:
-        """The readiness entries of ``rb.stats()`` (and the limiter's, when there is one); the reservations of
-        processes that are gone are given back first (:meth:`give_back_dead`)."""
-        self.give_back_dead()
+        """The readiness entries of ``rb.stats()`` (and the limiter's, when there is one). A read: it changes
+        nothing (as in TorchRL), so the reservations of a process that is gone still count here until a refused
+        sample or insert gives them back (:meth:`give_back_dead`)."""
         with self.lock:  # one view: no sample commits between the counters and the write count
             counters = self.as_dict()
             inserts = self._inserts()

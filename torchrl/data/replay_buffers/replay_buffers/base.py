@@ -35,7 +35,7 @@ import weakref
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 import torchrl.data.replay_buffers.hf.export as _hf_export
 import torchrl.data.replay_buffers.hf.importer as _hf_import
@@ -57,6 +57,7 @@ from torchrl.data.replay_buffers.loading.collate import stack_samples
 from torchrl.data.replay_buffers.loading.pinning import pin_host_memory
 from torchrl.data.replay_buffers.query import query_replay_buffer
 from torchrl.data.replay_buffers.replay_buffers._batch_layout import (
+    batch_shape,
     items_in,
     move_dim_to_front,
     next_row,
@@ -91,6 +92,11 @@ from torchrl.data.replay_buffers.replay_buffers.dataset import (
 )
 from torchrl.data.replay_buffers.replay_buffers.rate_limiters import RateLimiter
 from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
+from torchrl.data.replay_buffers.samplers.prioritized import (
+    PrioritizedSampler,
+    check_priorities,
+    reduce_priority,
+)
 from torchrl.data.replay_buffers.storages import ListStorage, Storage, TensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter, Writer
 from torchrl.envs.transforms.transforms import Compose, _InvertTransform, as_transform
@@ -167,7 +173,9 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         shared (bool): whether the buffer is written from several processes: moves tensor storages (content,
             length and writer cursor) to shared memory, and every write then holds the storage's
             cross-process :attr:`~torchrl.data.TensorStorage.write_lock` (memory-mapped storages are always
-            shared). See :ref:`shared-writes`. Defaults to ``False``.
+            shared). A :class:`~torchrl.data.ListStorage` or a :class:`~torchrl.data.TensorDictMaxValueWriter`
+            cannot be written by several processes: ``RuntimeError`` (TorchRL's). See :ref:`shared-writes`.
+            Defaults to ``False``.
         sample_unit (SampleUnit, optional): what one drawn position reads, e.g.
             :class:`~torchrl.data.Sequence` windows (see :mod:`~torchrl.data.replay_buffers.sample_units`).
             Defaults to ``None`` (one item per position, like :class:`~torchrl.data.Transition`).
@@ -331,6 +339,9 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         check_sampler_fits_storage(sampler, storage)
         check_consuming_buffer(sampler, storage, writer, self._prefetcher.capacity)
         check_drop_last(sampler, self._batch_size)
+        if shared:  # a storage or writer that other processes cannot write is refused before anything is wired
+            storage.check_shareable()
+            writer.check_shareable()
         if checkpointer is not None:
             storage.checkpointer = checkpointer
         self._storage, self._sampler, self._writer = storage, sampler, writer
@@ -425,10 +436,15 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         before starting the other processes, after a first write when the storage is lazy.
 
         Transforms that declare ``requires_shared_write_state = True`` get their ``share_memory_()`` called; one
-        without that method raises a ``RuntimeError`` (as in TorchRL), before anything is shared.
+        without that method raises a ``RuntimeError`` (as in TorchRL), before anything is shared. So do a storage
+        that lives in one process's memory (a :class:`~torchrl.data.ListStorage`: "Cannot share a storage of
+        type ...") and a :class:`~torchrl.data.TensorDictMaxValueWriter` ("... cannot be shared between
+        processes"), with TorchRL's errors (see ``check_shareable`` on the storage and the writer).
         """
         self._ready()
         if shared:
+            self._storage.check_shareable()
+            self._writer.check_shareable()
             share_transform_write_state(self._transform)
         self._shared = bool(shared)
         if shared and hasattr(self._storage, "share_memory_"):
@@ -610,7 +626,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
                     self.update_priority(index, priority)
         return index
 
-    def extend(self, data, *, timeout: float | None = None) -> torch.Tensor:
+    def extend(self, data, *, update_priority=None, timeout: float | None = None) -> torch.Tensor:
         """Writes a batch (first dim = items, or ``dim_extend``) and returns the written indices.
 
         The batch is validated before anything is stored (keys and shapes of the stored data, values the stored
@@ -618,17 +634,82 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         the storage's :attr:`write_lock` (see :ref:`shared-writes`).
 
         Keyword Args:
+            update_priority (tensor, sequence or number, optional): the priorities of the written items, set with
+                the write in one locked step (a prioritized sampler only: ``NotImplementedError`` otherwise, the
+                type TorchRL raises). One per item, in the layout of ``data`` (items along ``dim_extend``; trailing
+                dims are reduced with the sampler's ``reduction``), or one number for all. Checked before anything
+                is written: a NaN, infinite or negative priority (``ValueError``) or a count that does not match
+                the items (``ValueError``) leaves the buffer unchanged. Defaults to ``None`` (the sampler's
+                default priority).
             timeout (float, optional): with a ``rate_limiter`` that blocks inserts
                 (:class:`~torchrl.data.SampleToInsertRatio`), how long to wait for its permission before a
                 ``TimeoutError`` (which names the side that waited and the counters). Defaults to ``None``
                 (as long as it takes).
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer
+            >>> rb = PrioritizedReplayBuffer(alpha=1.0, beta=1.0, storage=LazyTensorStorage(10))
+            >>> rb.extend(torch.arange(3), update_priority=torch.tensor([0.0, 0.0, 5.0]))
+            tensor([0, 1, 2])
+            >>> rb.sample(4).tolist()  # only item 2 has weight (up to the sampler's eps)
+            [2, 2, 2, 2]
         """
         if not self._initialized:
             self._ready()
+        if update_priority is not None:
+            return self._extend_with_priority(data, update_priority, timeout)
         data = self._as_stored_batch(data)
         if data is None:  # the transforms dropped the whole batch (e.g. a MultiStepTransform holding steps back)
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         return self._write_batch(data, timeout=timeout)
+
+    def _extend_with_priority(self, data, priority, timeout) -> torch.Tensor:
+        """``extend(data, update_priority=priority)``: the priorities checked against the batch before anything
+        (the transforms included) runs, then written with the items by ``_write_batch``."""
+        sampler, ndim = self._sampler, self._storage.ndim
+        if not isinstance(sampler, PrioritizedSampler):
+            raise NotImplementedError(
+                f"extend(update_priority=...) sets the priorities of the written items, and this buffer's sampler "
+                f"is a {type(sampler).__name__}, which is not prioritized. Use a PrioritizedSampler (e.g. "
+                f"PrioritizedReplayBuffer), or call extend() without update_priority. Nothing was written."
+            )
+        if isinstance(priority, bool):
+            raise TypeError(
+                f"`update_priority`={priority!r}: this buffer's extend() takes the priorities of the written items "
+                f"(a tensor, a sequence or a number), not a flag (the flag of TensorDictReplayBuffer.extend). "
+                f"Nothing was written."
+            )
+
+        def per_item(batch, dim: int) -> torch.Tensor:
+            """The priorities, items first, checked against ``batch`` (items along ``dim``)."""
+            shape = [len(batch)] if isinstance(batch, list) else batch_shape(batch)
+            shape = [items_in(batch)] if shape is None or len(shape) < max(ndim, dim + 1) else list(shape)
+            if dim:
+                shape[0], shape[dim] = shape[dim], shape[0]
+            shape = shape[:ndim]
+            values = torch.as_tensor(priority)
+            if values.ndim == 0:
+                return values.expand(shape)
+            if self._dim_extend and values.ndim > self._dim_extend:  # given in the layout of the data
+                values = values.transpose(0, self._dim_extend)
+            values = reduce_priority(values, sampler.reduction, batch_dims=ndim)
+            if list(values.shape) != shape:
+                raise ValueError(
+                    f"`update_priority` has shape {list(torch.as_tensor(priority).shape)}, for written items of "
+                    f"shape {shape} (items first; the items the inverse transforms return, if any): pass one "
+                    f"priority per item (in the layout of the data, items along dim_extend={self._dim_extend}), "
+                    f"or one number for all. Nothing was written."
+                )
+            return values
+
+        fix = "pass finite priorities >= 0 (e.g. td_error.abs(), with NaN replaced). Nothing was written."
+        check_priorities(per_item(data, self._dim_extend), "update_priority", fix=fix)  # before any transform runs
+        batch = self._as_stored_batch(data)
+        if batch is None:
+            return torch.zeros((0, ndim), dtype=torch.long)
+        values = check_priorities(per_item(batch, 0), "update_priority", fix=fix)  # what the transforms kept
+        return self._write_batch(batch, values, timeout)
 
     def _as_stored_batch(self, data):
         """``data`` through the inverse transforms, items first; ``None`` when the transforms dropped it (a hook:
@@ -1031,9 +1112,35 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         """Sets entry ``key`` of the stored items at ``index`` (rows) to ``value``."""
         self._edit_rows(torch.as_tensor(index, dtype=torch.long), lambda data: data.set_(key, value))
 
-    def update_(self, tensordict: TensorDictBase, clone: bool = False, *, keys_to_update=None) -> None:
-        """Updates the stored items in place with the entries of ``tensordict`` (shaped like the stored rows)."""
-        src = tensordict.clone() if clone else tensordict
+    def update_(self, input_dict_or_td, clone: bool = False, *, keys_to_update=None) -> None:
+        """Updates the stored items in place with the entries of ``input_dict_or_td`` (a TensorDict or a dict
+        ``{key: tensor}``, nested dicts for nested keys; values shaped like the stored rows).
+
+        Args:
+            input_dict_or_td (TensorDictBase or dict): the new values of existing entries.
+            clone (bool): copy the values first (when they are views of the storage). Defaults to ``False``.
+
+        Keyword Args:
+            keys_to_update (sequence of NestedKey, optional): only these entries. Defaults to ``None`` (all).
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(4))
+            >>> _ = rb.extend(TensorDict(obs=torch.zeros(3), r=torch.zeros(3), batch_size=[3]))
+            >>> rb.update_({"obs": torch.tensor([1.0, 2.0, 3.0])})
+            >>> rb[:]["obs"].tolist()
+            [1.0, 2.0, 3.0]
+        """
+        if not isinstance(input_dict_or_td, (TensorDictBase, collections.abc.Mapping)):
+            raise TypeError(
+                f"`input_dict_or_td` must be a TensorDict or a dict {{key: tensor}} of the new values, got "
+                f"{type(input_dict_or_td).__name__}."
+            )
+        src = input_dict_or_td
+        if clone:
+            src = src.clone() if isinstance(src, TensorDictBase) else TensorDict(src).clone()
         self._edit_rows(None, lambda data: data.update_(src, keys_to_update=keys_to_update))
 
     def read_all_in_order(self, end: int | None = None):
@@ -1095,13 +1202,14 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             return None
 
     def register_save_hook(self, hook) -> None:
-        """Registers ``hook(data, path=path)``, run by :meth:`dumps` on the stored items: its return value is
-        what is saved (TorchRL's save hooks; the buffer itself is unchanged).
+        """Registers ``hook(data, path=path)`` on the storage (:meth:`Storage.register_save_hook
+        <torchrl.data.Storage.register_save_hook>`, as in TorchRL): :meth:`dumps` runs it on the stored items and
+        saves its return value (TorchRL's save hooks; the buffer itself is unchanged).
 
         Before the call, a hook that has the attributes ``shift`` and ``is_full`` gets ``shift`` set to the row
         after the last one written and ``is_full`` to whether the storage is full. The hook must return the
-        items with their stored layout (the checkpoint format stays tensor files plus JSON). Needs a tensor
-        storage (``TypeError`` otherwise).
+        items with their stored layout (the checkpoint format stays tensor files plus JSON). The hooks belong to
+        the storage: ``storage.dumps`` runs them too, and a storage swapped in by :meth:`set_storage` has its own.
 
         Examples:
             >>> import tempfile, torch
@@ -1122,20 +1230,12 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             (5, False, [0, 2, 4, 6, 8], [0, 1, 2, 3, 4])
         """
         self._ready()
-        if not callable(hook):
-            raise TypeError(f"A save hook must be a callable hook(data, path=path), got {type(hook).__name__}.")
-        storage = self._storage
-        if not callable(getattr(storage, "set", None)) or not hasattr(storage, "last_written_row"):
-            raise TypeError(
-                f"Save hooks rewrite the stored items of a tensor storage (LazyTensorStorage, LazyMemmapStorage); "
-                f"this buffer's storage is a {type(storage).__name__}. Transform the data before writing it instead."
-            )
-        self.__dict__.setdefault("_save_hooks", []).append(hook)
+        self._storage.register_save_hook(hook)
 
     def register_load_hook(self, hook) -> None:
-        """Forwarded to the storage's checkpointer, which refuses hooks (see :meth:`register_save_hook`)."""
+        """Forwarded to the storage, which refuses hooks (``NotImplementedError``: loading runs no code)."""
         self._ready()
-        self._storage.checkpointer.register_load_hook(hook)
+        self._storage.register_load_hook(hook)
 
     # -- swapping components (set_storage, set_writer, set_sampler) and shutdown --------------------------------
     def _swap(self, attribute: str, component, wire) -> object:
@@ -1385,13 +1485,8 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         """
         self._ready()
         with self._prefetcher.paused():  # before the replay lock, which prefetch tasks take
-            with self._replay_lock:
-                hooks = self.__dict__.get("_save_hooks")
-                if hooks:  # see register_save_hook
-                    with self._storage.write_lock:
-                        _dump_with_save_hooks(self._storage, hooks, path, lambda: dump_component(self, path, **kwargs))
-                else:
-                    dump_component(self, path, **kwargs)
+            with self._replay_lock, self._storage.saving(path):  # the storage's save hooks: register_save_hook
+                dump_component(self, path, **kwargs)
 
     def loads(self, path) -> None:
         """Loads a buffer saved by :meth:`dumps` into this one (built with the same configuration).
@@ -1404,9 +1499,18 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             with self._replay_lock, self._storage.write_lock:
                 load_component(self, path)
 
-    dump = dumps
-    save = dumps
-    load = loads
+    # TorchRL's aliases, with its signatures
+    def dump(self, *args, **kwargs) -> None:
+        """Alias of :meth:`dumps`."""
+        self.dumps(*args, **kwargs)
+
+    def save(self, *args, **kwargs) -> None:
+        """Alias of :meth:`dumps`."""
+        self.dumps(*args, **kwargs)
+
+    def load(self, *args, **kwargs) -> None:
+        """Alias of :meth:`loads`."""
+        self.loads(*args, **kwargs)
 
     # -- checkpoint part (the protocol of _checkpoint/parts.py) ---------------------------------------------------
     # The part: {"class": ..., "batch_size": int | null, "rng": null | {"device": str, "state": "<prefix>rng/state"},
@@ -1771,7 +1875,7 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         return _hf_import.buffer_from_hf(cls, source, **kwargs)
 
 
-# -- module helpers of the class: construction, the checkpoint part, the save hooks ---------------------------------
+# -- module helpers of the class: construction and the checkpoint part ---------------------------------------------
 def _built_components(storage, sampler, writer, transform, transform_factory) -> tuple:
     """``(storage, sampler, writer, transform)`` with the zero-argument factories called (checked), at
     construction or, with delayed init, at the first write (``transform_factory``: called when given)."""
@@ -1803,42 +1907,3 @@ def _saved_generator(doc: dict, tensors, where: str) -> torch.Generator | None:
     except ValueError as err:
         raise CheckpointError(f"{where}: `rng`: {err} Save the buffer again with `dumps`. Nothing was loaded.") from None
 
-
-def _dump_with_save_hooks(storage, hooks, path, dump) -> None:
-    """Runs TorchRL's save ``hooks`` on the stored items and calls ``dump()`` while the storage holds their result.
-
-    A hook with the attributes ``shift`` and ``is_full`` gets them set first, as TorchRL does (the row after the
-    last one written; whether the storage is full). The checkpoint format stays tensor files and JSON: the hooks'
-    result is written in the stored items' place for the time of the dump, and the items are put back after it.
-    Call it holding the buffer's locks; a result that cannot be written there raises before the dump, with the
-    storage unchanged.
-    """
-    rows = storage.rows_written()
-    if not rows:
-        dump()
-        return
-    index = torch.arange(rows)
-    stored = storage[:rows]
-    data = stored
-    for hook in hooks:
-        if hasattr(hook, "shift"):
-            last = storage.last_written_row
-            hook.shift = last + 1 if isinstance(last, int) and last >= 0 else len(storage)
-        if hasattr(hook, "is_full"):
-            hook.is_full = len(storage) >= storage.max_size
-        data = hook(data, path=path)
-    if data is stored:
-        dump()
-        return
-    kept = stored.clone()
-    try:
-        storage.set(index, data, set_cursor=False)  # validated before anything is written
-    except Exception as err:
-        raise ValueError(
-            f"The save hooks returned data that cannot be saved in place of the stored items ({err}). A save hook "
-            f"must return the items with their stored layout. Nothing was saved."
-        ) from err
-    try:
-        dump()
-    finally:
-        storage.set(index, kept, set_cursor=False)

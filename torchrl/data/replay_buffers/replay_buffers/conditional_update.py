@@ -55,14 +55,12 @@ class ConditionalUpdateResult:
 
     Attributes:
         updated (torch.Tensor): bool ``[N]``, in the order of ``index``: ``True`` where the patch was written.
-        updated_count (int): the number of ``True`` in ``updated``.
-        stale_count (int): records left alone because they were overwritten, emptied or never written since
-            their generation was captured.
         version_rejected (torch.Tensor or None): bool ``[N]``, ``True`` where the record was live but the
             incoming version lost (to the stored version, or to another entry of the same call addressing the
             same record); ``None`` without ``version_key``.
-        version_rejected_count (int): the number of ``True`` in ``version_rejected`` (``0`` without
-            ``version_key``).
+
+    The counts are properties derived from them (as in TorchRL): :attr:`updated_count`,
+    :attr:`version_rejected_count` and :attr:`stale_count`.
 
     Examples:
         >>> import torch
@@ -79,10 +77,24 @@ class ConditionalUpdateResult:
     """
 
     updated: torch.Tensor
-    updated_count: int
-    stale_count: int
-    version_rejected: torch.Tensor | None
-    version_rejected_count: int
+    version_rejected: torch.Tensor | None = None
+
+    @property
+    def updated_count(self) -> int:
+        """The number of ``True`` in :attr:`updated`."""
+        return int(self.updated.sum())
+
+    @property
+    def version_rejected_count(self) -> int:
+        """The number of ``True`` in :attr:`version_rejected` (``0`` without ``version_key``)."""
+        rejected = self.version_rejected
+        return 0 if rejected is None else int(rejected.sum())
+
+    @property
+    def stale_count(self) -> int:
+        """The records left alone because they were overwritten, emptied or never written since their
+        generation was captured: neither updated nor version-rejected."""
+        return self.updated.numel() - self.updated_count - self.version_rejected_count
 
 
 def conditional_update(
@@ -146,15 +158,7 @@ def conditional_update(
 
 
 def _result(updated: torch.Tensor, rejected: torch.Tensor | None) -> ConditionalUpdateResult:
-    n_updated = int(updated.sum())
-    n_rejected = 0 if rejected is None else int(rejected.sum())
-    return ConditionalUpdateResult(
-        updated=updated,
-        updated_count=n_updated,
-        stale_count=updated.numel() - n_updated - n_rejected,
-        version_rejected=rejected,
-        version_rejected_count=n_rejected,
-    )
+    return ConditionalUpdateResult(updated=updated, version_rejected=rejected)
 
 
 # -- arguments ---------------------------------------------------------------------------------------------------

@@ -54,13 +54,28 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         eps (float): added to every priority so none is zero. Defaults to ``1e-8``.
         dtype (torch.dtype): the dtype of the priority weights. Defaults to ``torch.float``.
         storage (Storage, optional): defaults to ``ListStorage(1000)``.
+        sampler (Sampler, optional): TorchRL's keyword; the buffer builds its own :class:`PrioritizedSampler`
+            from ``alpha``/``beta``/``eps``/``dtype``, so a sampler raises a ``TypeError`` (use
+            ``ReplayBuffer(sampler=...)`` for another sampler). Defaults to ``None``.
+        sample_unit (SampleUnit, optional): what one drawn position reads (see :class:`ReplayBuffer`).
+            Defaults to ``None``.
         sampler_device (torch.device or str, optional): where the priority trees live: the sampler's ``device``
             (see :class:`~torchrl.data.PrioritizedSampler`; an accelerator uses the torch-tensor trees). Defaults
             to ``None`` (the CPU, or the device of a CUDA storage).
         sync (bool): accepted for TorchRL compatibility, no effect: the prioritized sampler's state is
             shared with worker processes either way. Defaults to ``True``.
-        **kwargs: the other arguments of :class:`ReplayBuffer` (``collate_fn``, ``pin_memory``, ``prefetch``,
-            ``transform``, ``batch_size``, ``dim_extend``, ``generator``, ``shared``).
+        collate_fn: as in :class:`ReplayBuffer`. Defaults to ``None``.
+        pin_memory: as in :class:`ReplayBuffer`. Defaults to ``False``.
+        prefetch: as in :class:`ReplayBuffer`. Defaults to ``None``.
+        transform: as in :class:`ReplayBuffer`. Defaults to ``None``.
+        batch_size: as in :class:`ReplayBuffer`. Defaults to ``None``.
+        dim_extend: as in :class:`ReplayBuffer`. Defaults to ``None``.
+        delayed_init (bool): build the components at the first write (see :class:`ReplayBuffer`). Defaults to
+            ``False``, as in TorchRL.
+        transport: as in :class:`ReplayBuffer`. Defaults to ``"auto"``.
+        transport_options: as in :class:`ReplayBuffer`. Defaults to ``None``.
+        **kwargs: the other arguments of :class:`ReplayBuffer` (``generator``, ``shared``, ``rate_limiter``,
+            ...).
 
     Examples:
         >>> import torch
@@ -73,13 +88,29 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         (torch.Size([4]), True)
     """
 
-    def __init__(self, *, alpha: float, beta: float, eps: float = 1e-8, dtype: torch.dtype = torch.float,
-                 storage: Storage | None = None, sampler_device=None, sync: bool = True, **kwargs) -> None:
+    def __init__(
+        self, *, alpha: float, beta: float, eps: float = 1e-8, dtype: torch.dtype = torch.float,
+        storage: Storage | None = None, sampler=None, sample_unit=None, sampler_device=None, sync: bool = True,
+        collate_fn=None, pin_memory: bool = False, prefetch: int | None = None, transform=None,
+        batch_size: int | None = None, dim_extend: int | None = None, delayed_init: bool = False,
+        transport: str = "auto", transport_options: dict | None = None, **kwargs,
+    ) -> None:  # fmt: skip
+        given = {"sampler": sampler} if sampler is not None else kwargs  # a sampler is refused there
         storage, sampler = _prioritized_parts(
-            type(self).__name__, "ReplayBuffer", storage, kwargs, sampler_device=sampler_device, sync=sync,
+            type(self).__name__, "ReplayBuffer", storage, given, sampler_device=sampler_device, sync=sync,
             alpha=alpha, beta=beta, eps=eps, dtype=dtype,
         )  # fmt: skip
-        super().__init__(storage=storage, sampler=sampler, **kwargs)
+        super().__init__(
+            storage=storage, sampler=sampler, sample_unit=sample_unit, collate_fn=collate_fn, pin_memory=pin_memory,
+            prefetch=prefetch, transform=transform, batch_size=batch_size, dim_extend=dim_extend,
+            delayed_init=delayed_init, transport=transport, transport_options=transport_options, **kwargs,
+        )  # fmt: skip
+
+    @property
+    def prioritized_sampler(self) -> PrioritizedSampler:
+        """The buffer's :class:`~torchrl.data.PrioritizedSampler` (TorchRL's property; here the buffer's
+        :attr:`sampler`, since ``sync`` has no effect)."""
+        return self.sampler
 
 
 class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
@@ -101,7 +132,19 @@ class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
             ``"sum"``, ``"mean"`` or ``"median"``. Defaults to ``"max"``.
         storage (Storage, optional): defaults to ``ListStorage(1000)``.
         sampler_device, sync: as in :class:`PrioritizedReplayBuffer`.
-        **kwargs: the other arguments of :class:`ReplayBuffer`.
+        sample_unit: as in :class:`ReplayBuffer`. Defaults to ``None``.
+        collate_fn: as in :class:`ReplayBuffer`. Defaults to ``None``.
+        pin_memory: as in :class:`ReplayBuffer`. Defaults to ``False``.
+        prefetch: as in :class:`ReplayBuffer`. Defaults to ``None``.
+        transform: as in :class:`ReplayBuffer`. Defaults to ``None``.
+        batch_size: as in :class:`ReplayBuffer`. Defaults to ``None``.
+        dim_extend: as in :class:`ReplayBuffer`. Defaults to ``None``.
+        generator: as in :class:`ReplayBuffer`. Defaults to ``None``.
+        shared: as in :class:`ReplayBuffer`. Defaults to ``False``.
+        compilable: as in :class:`ReplayBuffer`. Defaults to ``False``.
+        transport: as in :class:`ReplayBuffer`. Defaults to ``"auto"``.
+        transport_options: as in :class:`ReplayBuffer`. Defaults to ``None``.
+        **kwargs: the other arguments of :class:`ReplayBuffer` (``delayed_init``, ``rate_limiter``, ...).
 
     Examples:
         >>> import torch
@@ -116,11 +159,27 @@ class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
         >>> rb.update_tensordict_priority(batch)
     """
 
-    def __init__(self, *, alpha: float, beta: float, priority_key="td_error", eps: float = 1e-8,
-                 reduction: str = "max", dtype: torch.dtype = torch.float, storage: Storage | None = None,
-                 sampler_device=None, sync: bool = True, **kwargs) -> None:
+    def __init__(
+        self, *, alpha: float, beta: float, priority_key="td_error", eps: float = 1e-8,
+        storage: Storage | None = None, sample_unit=None, sampler_device=None, sync: bool = True, collate_fn=None,
+        pin_memory: bool = False, prefetch: int | None = None, transform=None, reduction: str = "max",
+        batch_size: int | None = None, dim_extend: int | None = None, generator: torch.Generator | None = None,
+        shared: bool = False, compilable: bool = False, transport: str = "auto", transport_options: dict | None = None,
+        dtype: torch.dtype = torch.float, **kwargs,
+    ) -> None:  # fmt: skip
         storage, sampler = _prioritized_parts(
             type(self).__name__, "TensorDictReplayBuffer", storage, kwargs, sampler_device=sampler_device,
             sync=sync, alpha=alpha, beta=beta, eps=eps, dtype=dtype, reduction=reduction,
         )  # fmt: skip
-        super().__init__(priority_key=priority_key, storage=storage, sampler=sampler, **kwargs)
+        super().__init__(
+            priority_key=priority_key, storage=storage, sampler=sampler, sample_unit=sample_unit,
+            collate_fn=collate_fn, pin_memory=pin_memory, prefetch=prefetch, transform=transform,
+            batch_size=batch_size, dim_extend=dim_extend, generator=generator, shared=shared, compilable=compilable,
+            transport=transport, transport_options=transport_options, **kwargs,
+        )  # fmt: skip
+
+    @property
+    def prioritized_sampler(self) -> PrioritizedSampler:
+        """The buffer's :class:`~torchrl.data.PrioritizedSampler` (TorchRL's property; here the buffer's
+        :attr:`sampler`, since ``sync`` has no effect)."""
+        return self.sampler

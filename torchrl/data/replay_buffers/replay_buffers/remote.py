@@ -98,3 +98,29 @@ class RemoteTensorDictReplayBuffer(TensorDictReplayBuffer):
             batch = rpc.rpc_sync(rref.owner(), RemoteTensorDictReplayBuffer.sample, args=(rref, 32))
     """
 
+    def __init__(self, *args, **kwargs) -> None:
+        # TorchRL's signature forwards *args, and TensorDictReplayBuffer takes keywords only: say so here.
+        if args:
+            raise TypeError(
+                f"RemoteTensorDictReplayBuffer takes the arguments of TensorDictReplayBuffer by keyword only (e.g. "
+                f"storage=LazyTensorStorage(100), batch_size=32), got {len(args)} positional argument(s): "
+                f"{', '.join(type(a).__name__ for a in args)}."
+            )
+        super().__init__(**kwargs)
+
+    def sample(
+        self,
+        batch_size: int | None = None,
+        include_info: bool | None = None,
+        return_info: bool = False,
+        *,
+        wait: bool = False,
+        timeout: float | None = None,
+        cancel_event=None,
+    ):
+        """:meth:`TensorDictReplayBuffer.sample`, with this class's positional order in TorchRL: ``include_info``
+        before ``return_info``."""
+        return super().sample(
+            batch_size, return_info, include_info, wait=wait, timeout=timeout, cancel_event=cancel_event
+        )
+

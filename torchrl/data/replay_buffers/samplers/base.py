@@ -65,7 +65,7 @@ CONSUMED_EMPTY = TorchRLPhrase(
 _INT64_MAX = torch.iinfo(torch.int64).max
 
 #: Sampler class with replacement -> the class that samples the same way without replacement. Filled next to
-#: the classes (``without_replacement.py``, ``slice_without_replacement.py``) with :func:`register_without_replacement`.
+#: the classes (``random.py``, ``slice_without_replacement.py``) with :func:`register_without_replacement`.
 #: The values, and their subclasses, are the classes that sample without replacement.
 _REPLACEMENT_DISPATCH: dict[type, type] = {}
 

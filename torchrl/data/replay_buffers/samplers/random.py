@@ -1,4 +1,9 @@
-"""Uniform sampling with replacement: :class:`RandomSampler` (without replacement: :mod:`.without_replacement`)."""
+"""Uniform sampling: :class:`RandomSampler` (with replacement), and TorchRL's other names at this module path,
+:class:`SamplerWithoutReplacement` (:mod:`.without_replacement`) and :class:`ConsumingSampler` (:mod:`.consuming`).
+
+``RandomSampler(replacement=False)`` builds a :class:`SamplerWithoutReplacement`: the pair is registered here, below
+both classes, so that the file of the class without replacement does not import this one back.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,14 @@ from torchrl.data.replay_buffers.samplers.base import (
     check_batch_size,
     check_has_rows,
     check_not_empty,
+    register_without_replacement,
     uniform_draws,
     unravel,
 )
+from torchrl.data.replay_buffers.samplers.consuming import ConsumingSampler
+from torchrl.data.replay_buffers.samplers.without_replacement import SamplerWithoutReplacement
+
+__all__ = ["RandomSampler", "SamplerWithoutReplacement", "ConsumingSampler"]
 
 
 class RandomSampler(Sampler):
@@ -51,3 +61,6 @@ class RandomSampler(Sampler):
             device = self._rng.device
         flat = torch.randint(0, n, (batch_size,), generator=self._rng, device=device)
         return unravel(flat, storage), {}
+
+
+register_without_replacement(RandomSampler, SamplerWithoutReplacement)

@@ -1,5 +1,5 @@
 """Uniform sampling without replacement: :class:`SamplerWithoutReplacement`, what
-``RandomSampler(replacement=False)`` builds.
+``RandomSampler(replacement=False)`` builds (:mod:`.random` registers the pair).
 
 An epoch is a permutation of the stored items; each batch takes the next items of it. Shared with DataLoader
 workers, the epoch lives in shared memory (:mod:`._shared_epoch`).
@@ -28,14 +28,12 @@ from torchrl.data.replay_buffers.samplers.base import (
     check_batch_size,
     check_has_rows,
     check_not_empty,
-    register_without_replacement,
     state_bool,
     state_index_tensor,
     state_int,
     uniform_draws,
     unravel,
 )
-from torchrl.data.replay_buffers.samplers.random import RandomSampler
 
 WITHOUT_REPLACEMENT_BATCH = TorchRLPhrase(
     ValueError,
@@ -518,5 +516,3 @@ def _complete_epoch(rest: torch.Tensor, length: int, seed: int | None) -> torch.
     drawn[rest] = False
     return torch.cat([drawn.nonzero().reshape(-1), rest])
 
-
-register_without_replacement(RandomSampler, SamplerWithoutReplacement)

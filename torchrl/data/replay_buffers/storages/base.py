@@ -28,6 +28,7 @@ shares its writer's cursor from the same moment.
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,8 +46,8 @@ class Storage(Component):
 
     Args:
         max_size (int): the capacity, counted in items (cells for ``ndim > 1``).
-
-    Keyword Args:
+        checkpointer (StorageCheckpointerBase, optional): what :meth:`dumps` and :meth:`loads` delegate to (see
+            :attr:`checkpointer`). Defaults to ``None`` (the storage class's own).
         compilable (bool): tensor storages (RAM and memory-mapped) keep their length and counters in a tensor
             on their device (:meth:`len_tensor`), so that a buffer's writes and draws trace into one
             ``torch.compile(fullgraph=True)`` graph; such a storage stays private to its process (sharing it
@@ -86,11 +87,15 @@ class Storage(Component):
     #: ``_compilable`` is TorchRL's name of it. A plain attribute: reading it runs no code.
     compilable: bool = False
 
-    def __init__(self, max_size: int, *, compilable: bool = False):
+    def __init__(
+        self, max_size: int, checkpointer: StorageCheckpointerBase | None = None, compilable: bool = False
+    ):
         self.max_size = _check_max_size(max_size)
         self._compilable = False if compilable is None else check_bool("compilable", compilable)
         self.compilable = self._compilable
         self._attached_entities: list[Any] = []
+        if checkpointer is not None:
+            self.checkpointer = checkpointer  # checked by the setter
 
     # -- contract ------------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -120,6 +125,15 @@ class Storage(Component):
     #: The context manager a writer holds around a write: a no-op for storages that are never shared. A plain
     #: attribute, set by storages that can be shared.
     write_lock = NULL_LOCK
+
+    def check_shareable(self) -> None:
+        """Raises a ``RuntimeError`` if other processes cannot write this storage; what a buffer calls before
+        :meth:`ReplayBuffer.share <torchrl.data.ReplayBuffer.share>` (or ``shared=True``) changes anything.
+
+        Every storage may be shared by default; a storage that lives in one process's memory
+        (:class:`~torchrl.data.ListStorage` and its subclasses) refuses.
+        """
+        return None
 
     def check_write(self, data, n: int) -> CheckedWrite | None:
         """Validates a batch of ``n`` items for a later :meth:`set`, without the write lock.
@@ -377,20 +391,138 @@ class Storage(Component):
         self._checkpointer = checkpointer
 
     def dumps(self, path, **kwargs) -> None:
-        """Saves this storage to the checkpoint directory ``path`` through :attr:`checkpointer`.
+        """Saves this storage to the checkpoint directory ``path`` through :attr:`checkpointer`, with the
+        result of the save hooks in place of the stored items (see :meth:`register_save_hook`).
 
         Keyword arguments (``fsync``, ``progress``) go to the checkpointer's ``dumps``.
         """
-        self.checkpointer.dumps(self, path, **kwargs)
+        with self.saving(path):
+            self.checkpointer.dumps(self, path, **kwargs)
 
     def loads(self, path) -> None:
         """Loads a checkpoint written by :meth:`dumps` into this storage (validated first) through
         :attr:`checkpointer`."""
         self.checkpointer.loads(self, path)
 
+    # TorchRL's aliases, with its signatures
+    def dump(self, *args, **kwargs) -> None:
+        """Alias of :meth:`dumps`."""
+        self.dumps(*args, **kwargs)
+
+    def save(self, *args, **kwargs) -> None:
+        """Alias of :meth:`dumps`."""
+        self.dumps(*args, **kwargs)
+
+    def load(self, *args, **kwargs) -> None:
+        """Alias of :meth:`loads`."""
+        self.loads(*args, **kwargs)
+
+    # -- save hooks (TorchRL's, on this checkpoint format) -----------------------------------------------------
+    _save_hooks: tuple = ()  # the registered hooks, in order (a list once one is registered); never pickled
+
+    def register_save_hook(self, hook) -> None:
+        """Registers ``hook(data, path=path)``, run on the stored items by every save of this storage
+        (:meth:`dumps`, and ``rb.dumps`` of a buffer over it): its return value is what is saved, the storage
+        itself is unchanged (TorchRL's save hooks).
+
+        Before the call, a hook that has the attributes ``shift`` and ``is_full`` gets ``shift`` set to the row
+        after the last one written and ``is_full`` to whether the storage is full; hooks run in the order they
+        were registered, each on the previous one's result. The result must keep the stored layout (the
+        checkpoint format stays tensor files plus JSON): a hook that changes it makes the save raise a
+        ``ValueError`` before anything is written. Hooks are not pickled (as in TorchRL).
+
+        Args:
+            hook (callable): ``hook(data, path=path) -> data``.
+
+        Examples:
+            >>> import os, tempfile, torch
+            >>> from torchrl.data import LazyTensorStorage
+            >>> storage = LazyTensorStorage(10)
+            >>> storage.set(torch.arange(3), torch.arange(3))
+            >>> storage.register_save_hook(lambda data, path=None: data + 10)
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     storage.dumps(os.path.join(d, "s"))
+            ...     fresh = LazyTensorStorage(10)
+            ...     fresh.loads(os.path.join(d, "s"))
+            >>> fresh.get(torch.arange(3)).tolist(), storage.get(torch.arange(3)).tolist()
+            ([10, 11, 12], [0, 1, 2])
+        """
+        if not callable(hook):
+            raise TypeError(
+                f"A save hook must be a callable hook(data, path=path), got {hook!r} ({type(hook).__name__})."
+            )
+        if self.is_ensemble or not self.writable:
+            raise TypeError(
+                f"Save hooks rewrite the stored items for the time of a save, and a {type(self).__name__} "
+                f"{'keeps its items in member storages' if self.is_ensemble else 'is read-only'}. Register the "
+                f"hook on a storage that holds the items (e.g. a member storage), or transform the data before "
+                f"writing it."
+            )
+        hooks = self.__dict__.get("_save_hooks")
+        if hooks is None:
+            hooks = self._save_hooks = []
+        hooks.append(hook)
+
+    def register_load_hook(self, hook) -> None:
+        """Not supported: loading runs no code (see the "On-disk format" entry of the differences page). Raises
+        ``NotImplementedError``, as :attr:`checkpointer`'s ``register_load_hook`` does; transform the data after
+        loading it instead."""
+        self.checkpointer.register_load_hook(hook)
+
+    @contextlib.contextmanager
+    def saving(self, path):
+        """Within this block, the storage holds what its save hooks return for its stored items (see
+        :meth:`register_save_hook`); the items are put back when it ends, also on an error. Without hooks it
+        changes nothing.
+
+        What a save calls around its writing of this storage's part; with hooks, it holds :attr:`write_lock`
+        meanwhile (no write of another process sees the hooks' result). A hook result that cannot be written in
+        place of the items raises ``ValueError`` on entry, with the storage unchanged.
+        """
+        if not self._save_hooks:
+            yield
+            return
+        with self.write_lock:
+            with self._hooks_applied(path):
+                yield
+
+    @contextlib.contextmanager
+    def _hooks_applied(self, path):
+        rows = self.rows_written()
+        if not rows:
+            yield
+            return
+        hooks = self._save_hooks
+        index = torch.arange(rows)
+        stored = self[:rows]
+        data = stored
+        for hook in hooks:
+            if hasattr(hook, "shift"):
+                last = self.last_written_row
+                hook.shift = last + 1 if isinstance(last, int) and last >= 0 else len(self)
+            if hasattr(hook, "is_full"):
+                hook.is_full = len(self) >= self.max_size
+            data = hook(data, path=path)
+        if data is stored:
+            yield
+            return
+        kept = stored.clone() if hasattr(stored, "clone") else list(stored)
+        try:
+            self.set(index, data, set_cursor=False)  # validated before anything is written
+        except Exception as err:
+            raise ValueError(
+                f"The save hooks returned data that cannot be saved in place of the stored items ({err}). A save "
+                f"hook must return the items with their stored layout. Nothing was saved."
+            ) from err
+        try:
+            yield
+        finally:
+            self.set(index, kept, set_cursor=False)
+
     def __getstate__(self):
         state = super().__getstate__()
         state["_attached_entities"] = []  # buffers re-attach themselves when they are unpickled
+        state.pop("_save_hooks", None)  # hooks are not pickled (TorchRL's rule)
         return state
 
     def __setstate__(self, state):

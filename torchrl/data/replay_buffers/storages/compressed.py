@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import NonTensorData, is_tensorclass
 
@@ -35,7 +36,7 @@ from torchrl.data.replay_buffers.errors import CheckpointError
 from torchrl.data.replay_buffers.storages._codec import TENSOR_KEY, DataCodec
 from torchrl.data.replay_buffers.storages._index import as_index_tensor, check_bounds, is_int
 from torchrl.data.replay_buffers.storages._index import check_int as check_position
-from torchrl.data.replay_buffers.storages.list import ListStorage, _split_batch
+from torchrl.data.replay_buffers.storages.list_storage import ListStorage, _split_batch
 
 __all__ = ["CompressedListStorage"]
 
@@ -242,6 +243,30 @@ class CompressedListStorage(ListStorage):
         if isinstance(index, slice):
             return [self._decompress(pos) for pos in range(n)[index]]
         return [self._decompress(pos) for pos in check_bounds(as_index_tensor(index), n).tolist()]
+
+    def to_bytestream(self, data_to_bytestream) -> bytes:
+        """The raw bytes of a tensor or numpy array, in its memory order (C-contiguous, on the CPU): what a
+        ``compression_fn`` that works on bytes (``zlib.compress``, ``zstd``) takes.
+
+        Only arrays: other objects would need pickle, which no checkpoint of this package contains.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl.data import CompressedListStorage
+            >>> storage = CompressedListStorage(10)
+            >>> storage.to_bytestream(torch.tensor([1, 2], dtype=torch.uint8))
+            b'\\x01\\x02'
+        """
+        if isinstance(data_to_bytestream, np.ndarray):
+            return np.ascontiguousarray(data_to_bytestream).tobytes()
+        if isinstance(data_to_bytestream, torch.Tensor):
+            tensor = data_to_bytestream.detach().to("cpu").contiguous()
+            return tensor.reshape(-1).view(torch.uint8).numpy().tobytes()
+        raise TypeError(
+            f"CompressedListStorage.to_bytestream takes a torch.Tensor or a numpy array, got "
+            f"{type(data_to_bytestream).__name__}: convert it to a tensor first (other objects would need "
+            f"pickle)."
+        )
 
     def bytes(self) -> int:
         """The number of bytes the compressed tensors of all items take (non-tensor entries not counted)."""

@@ -18,7 +18,7 @@ from torchrl._validation import check_bool, check_positive_int
 from torchrl.data.replay_buffers._shared.cleanup import make_scratch_dir, remove_owned_path
 from torchrl.data.replay_buffers._shared.row_versions import RowVersions
 from torchrl.data.replay_buffers.storages._shared_init import SharedInit
-from torchrl.data.replay_buffers.storages.tensor import TensorStorage
+from torchrl.data.replay_buffers.storages.tensor_storage import TensorStorage
 
 SHARED_INIT_DEVICE = TorchRLPhrase(
     UserWarning,
@@ -40,6 +40,9 @@ class LazyTensorStorage(TensorStorage):
         ndim (int): how many leading dims index items. Defaults to ``1``.
         compilable (bool): keep the counters as a tensor on the storage's device, for compiled writes and draws
             (see :class:`~torchrl.data.Storage`); not with ``shared_init``. Defaults to ``False``.
+        consolidated (bool): allocate every entry as a view into one contiguous buffer
+            (:meth:`~tensordict.TensorDictBase.consolidate`), which makes moving a whole storage between devices
+            or processes one copy; not with ``shared_init``. Defaults to ``False``.
         shared_init (bool): let the first write come from any process that shares the storage (DataLoader
             workers, ``multiprocessing`` children started before any write). The storage is shared from
             construction; the first writer allocates memory-mapped files in a temporary directory that this
@@ -47,6 +50,9 @@ class LazyTensorStorage(TensorStorage):
             Data then lives in those files on the host: with another ``device`` the first write warns
             (``UserWarning``) and :attr:`device` becomes the CPU. Defaults to ``False``: a storage
             shared before its first write must receive that write from the process that shared it.
+        cleanup_memmap (bool): TorchRL's keyword, kept for signature compatibility; it has no effect (as in
+            TorchRL: this storage writes no memory-mapped files except with ``shared_init``, whose scratch
+            directory is always removed with the storage). Defaults to ``True``.
         consistent_reads (bool): see :class:`TensorStorage`. Defaults to ``True``.
         max_string_bytes (int, optional): the width, in UTF-8 bytes, of each string entry
             (``NonTensorData``/``NonTensorStack`` of str); longer strings are refused. ``None`` sizes each entry
@@ -78,11 +84,20 @@ class LazyTensorStorage(TensorStorage):
         device="cpu",
         ndim: int = 1,
         compilable: bool = False,
+        consolidated: bool = False,
         shared_init: bool = False,
+        cleanup_memmap: bool = True,
         consistent_reads: bool = True,
         max_string_bytes: int | None = None,
     ):
         self.shared_init = check_bool("shared_init", shared_init)
+        self.consolidated = check_bool("consolidated", consolidated)
+        self.cleanup_memmap = check_bool("cleanup_memmap", cleanup_memmap)
+        if self.consolidated and self.shared_init:
+            raise ValueError(
+                "LazyTensorStorage got consolidated=True with shared_init=True: a shared_init storage lives in "
+                "memory-mapped files, one per entry, which cannot be consolidated into one buffer. Pass one of them."
+            )
         if max_string_bytes is not None:
             self.max_string_bytes = check_positive_int("max_string_bytes", max_string_bytes)
         super().__init__(
@@ -107,7 +122,8 @@ class LazyTensorStorage(TensorStorage):
     def _allocate(self, item: TensorDictBase, rows: int) -> TensorDictBase:
         state = self.shared_init_state
         if state is None:
-            return super()._allocate(item, rows)
+            backing = super()._allocate(item, rows)
+            return backing.consolidate() if self.consolidated else backing
         if self.device not in (None, "auto") and self.device.type != "cpu":
             # as in TorchRL, the first write says so (and the storage's device becomes the CPU)
             SHARED_INIT_DEVICE.warn(stacklevel=6, device=str(self.device))

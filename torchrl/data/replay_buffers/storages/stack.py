@@ -23,7 +23,7 @@ from torchrl.data.replay_buffers._checkpoint.validate import check_int_field
 from torchrl.data.replay_buffers.errors import CheckpointError
 from torchrl.data.replay_buffers.storages._codec import DataCodec
 from torchrl.data.replay_buffers.storages._index import as_index_tensor, is_int
-from torchrl.data.replay_buffers.storages.list import ListStorage, _split_batch
+from torchrl.data.replay_buffers.storages.list_storage import ListStorage, _split_batch
 
 __all__ = ["LazyStackStorage"]
 

@@ -1,11 +1,9 @@
 """Writers: where a replay buffer puts new data."""
 
-from torchrl.data.replay_buffers.writers.base import Writer
+from torchrl.data.replay_buffers.writers.base import ImmutableDatasetWriter, Writer
 from torchrl.data.replay_buffers.writers.ensemble import WriterEnsemble
-from torchrl.data.replay_buffers.writers.immutable import ImmutableDatasetWriter
 from torchrl.data.replay_buffers.writers.max_value import TensorDictMaxValueWriter
-from torchrl.data.replay_buffers.writers.round_robin import RoundRobinWriter
-from torchrl.data.replay_buffers.writers.tensordict_round_robin import TensorDictRoundRobinWriter
+from torchrl.data.replay_buffers.writers.round_robin import RoundRobinWriter, TensorDictRoundRobinWriter
 
 __all__ = [
     "Writer",

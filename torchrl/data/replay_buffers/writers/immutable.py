@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from torchrl._phrases import TorchRLPhrase
-from torchrl.data.replay_buffers.writers.base import Writer
+from torchrl.data.replay_buffers.writers.writer import Writer
 
 DATASET_READ_ONLY = TorchRLPhrase(
     RuntimeError,

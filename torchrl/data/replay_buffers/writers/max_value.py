@@ -31,10 +31,9 @@ import torch
 from tensordict import TensorDictBase, is_tensor_collection
 
 from torchrl._phrases import TorchRLPhrase
-from torchrl._validation import check_bool
 from torchrl.data.replay_buffers._shared.counters import is_spawning
 from torchrl.data.replay_buffers.errors import TypeRuntimeError
-from torchrl.data.replay_buffers.writers.base import Writer
+from torchrl.data.replay_buffers.writers.writer import Writer
 
 MAX_VALUE_WRITER_DATA = TorchRLPhrase(
     TypeRuntimeError,
@@ -49,6 +48,13 @@ MAX_VALUE_WRITER_SPAWN = TorchRLPhrase(
     "A {cls} cannot be shared between processes: its top-k decisions are not synchronized across processes. "
     "Write from one process: use num_workers=0, or the 'fork' start method for DataLoader workers that only "
     "sample, or a RoundRobinWriter.",
+)
+MAX_VALUE_WRITER_SHARED = TorchRLPhrase(
+    RuntimeError,
+    "cannot be shared between processes",
+    "A {cls} cannot be shared between processes (the buffer got {how}): its top-k decisions are not "
+    "synchronized across processes. Nothing was shared. Build the buffer with shared=False and write from one "
+    "process, or use a RoundRobinWriter for a buffer written by several processes.",
 )
 
 _REDUCTIONS = ("max", "min", "mean", "median", "sum")
@@ -100,7 +106,8 @@ class TensorDictMaxValueWriter(Writer):
             ``"sum"``.
 
     Keyword Args:
-        compilable (bool): accepted for TorchRL compatibility; no effect here. Defaults to ``False``.
+        **kwargs: the keywords of :class:`~torchrl.data.Writer`: ``compilable`` (bool), accepted for TorchRL
+            compatibility, no effect here. Defaults to ``False``.
 
     :attr:`cursor` is the number of filled slots: it moves with each item written while the storage fills,
     then stays at the capacity. ``_cursor`` (TorchRL's name, read by user code) is TorchRL's value: the slot
@@ -112,7 +119,8 @@ class TensorDictMaxValueWriter(Writer):
     .. note:: Only 1-D storages with a finite capacity are supported (``register_storage`` raises otherwise).
         The fill cursor and the write count live in shared memory like :class:`RoundRobinWriter`'s, and so
         do the ranks, but decisions are not synchronized across processes: write from one process. As in
-        TorchRL, sending the writer (or a buffer holding it) to a spawned process raises ``RuntimeError``.
+        TorchRL, sending the writer (or a buffer holding it) to a spawned process raises ``RuntimeError``, and so
+        does a buffer built with it and ``shared=True`` (or ``rb.share()``), before anything is shared.
 
     Examples:
         >>> import torch
@@ -128,8 +136,14 @@ class TensorDictMaxValueWriter(Writer):
         (1, None)
     """
 
-    def __init__(self, rank_key=None, reduction: str = "sum", *, compilable: bool = False) -> None:
-        self._compilable = False if compilable is None else check_bool("compilable", compilable)
+    def __init__(self, rank_key=None, reduction: str = "sum", **kwargs) -> None:
+        unknown = sorted(set(kwargs) - {"compilable"})
+        if unknown:
+            raise TypeError(
+                f"TensorDictMaxValueWriter got unexpected keyword arguments {unknown}: besides `rank_key` and "
+                f"`reduction` it takes the keywords of Writer (compilable=...)."
+            )
+        super().__init__(**kwargs)
         if reduction not in _REDUCTIONS:
             raise ValueError(f"`reduction` must be one of {list(_REDUCTIONS)}, got {reduction!r}.")
         self._rank_key = _check_rank_key(rank_key)
@@ -277,7 +291,39 @@ class TensorDictMaxValueWriter(Writer):
             self._floor.fill_(floor)
         self._counters["write_count"] += n
 
+    def check_shareable(self) -> None:
+        """Raises TorchRL's ``RuntimeError``: the top-k decisions of this writer are made in one process."""
+        raise MAX_VALUE_WRITER_SHARED.error(cls=type(self).__name__, how="shared=True or share()")
+
     # -- writes ----------------------------------------------------------------------------------------------
+    def get_insert_index(self, data) -> int | None:
+        """Decides where one item goes, as :meth:`add` does, and records it, without writing the storage.
+
+        ``data`` (a TensorDict or tensorclass holding ``rank_key``; its rank is reduced to one number with
+        ``reduction``) takes the next free slot while the storage fills; once it is full, it replaces the item of
+        lowest rank if its own rank is strictly larger. The writer then counts it (``write_count``) and holds its
+        rank for that slot, as TorchRL's does: the caller writes the item there (``storage.set(slot, data)``);
+        :meth:`add` is this call plus the write. Nothing changes when the data is refused (no rank entry, NaN).
+
+        Returns:
+            the slot (int), or ``None`` when the item does not rank among the top ``k``.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage, TensorDictMaxValueWriter
+            >>> writer = TensorDictMaxValueWriter(rank_key="score")
+            >>> writer.register_storage(LazyTensorStorage(2))
+            >>> [writer.get_insert_index(TensorDict(score=torch.tensor(s))) for s in (3.0, 1.0, 0.5, 2.0)]
+            [0, 1, None, 1]
+        """
+        self._require_storage()
+        ranks = self._ranks_of(data, batched=False)
+        index, slots, winners, floor = self._decide(ranks)
+        self._commit(ranks, slots, winners, 1, floor)
+        slot = int(index[0])
+        return slot if slot >= 0 else None
+
     def add(self, data) -> int | None:
         """Writes one TensorDict if it ranks among the top ``k``; returns its slot, or ``None``."""
         storage = self._require_storage()

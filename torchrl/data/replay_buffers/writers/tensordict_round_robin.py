@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDictBase
 
-from torchrl.data.replay_buffers.writers.round_robin import RoundRobinWriter
+from torchrl.data.replay_buffers.writers.round_robin_writer import RoundRobinWriter
 
 
 class TensorDictRoundRobinWriter(RoundRobinWriter):
