@@ -19,25 +19,39 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from torchrl._validation import check_bool, check_member_states, check_members, check_positive_int, member_at
+from torchrl._validation import (
+    check_bool,
+    check_member_states,
+    check_members,
+    check_positive_int,
+    is_int,
+    member_at,
+)
 from torchrl.data.replay_buffers.loading.collate import stack_samples
 from torchrl.data.replay_buffers.samplers.base import Sampler, check_batch_size
-from torchrl.data.replay_buffers.storages.ensemble import StorageEnsemble, _flat_member_index
+from torchrl.data.replay_buffers.storages.ensemble import (
+    StorageEnsemble,
+    _flat_member_index,
+    selected_members,
+)
 
 _SAMPLEABLE = "sampleable"
 
 
-def _sampleable_weights(samplers, storage: StorageEnsemble) -> torch.Tensor:
-    """``p="sampleable"``: per member, the items its sampler can draw now (float64, not normalized)."""
+def _sampleable_weights(samplers, storage: StorageEnsemble, per_buffer: int) -> torch.Tensor:
+    """``p="sampleable"``: per member, ``w_i = s_i`` if its sampler can draw a sub-batch of ``per_buffer`` now
+    (``can_sample``), else ``0``; ``s_i`` is ``sampler.num_sampleable(storage)`` when the sampler has it, else the
+    length of its storage (float64, not normalized)."""
     counts = []
     for i, sampler in enumerate(samplers):
         member = storage[i]
         count = getattr(sampler, "num_sampleable", None)
-        counts.append(int(count(member)) if callable(count) else len(member))
+        supply = int(count(member)) if callable(count) else len(member)
+        counts.append(supply if supply and sampler.can_sample(member, per_buffer) else 0)
     if not any(counts):
         raise RuntimeError(
-            f'SamplerEnsemble(p="sampleable") found nothing to draw: its members can draw {counts} items. '
-            f"Write data into a member buffer first."
+            f'SamplerEnsemble(p="sampleable") found nothing to draw: no member can draw a sub-batch of '
+            f"{per_buffer} items now (weights {counts}). Write data into a member buffer first."
         )
     return torch.tensor(counts, dtype=torch.float64)
 
@@ -86,11 +100,12 @@ class SamplerEnsemble(Sampler):
 
     Keyword Args:
         p (sequence of float or "sampleable", optional): the probability of choosing each buffer for a
-            sub-batch; normalized. ``"sampleable"`` weighs each buffer, at every batch, by the number of items
-            its sampler can draw now (``num_sampleable(storage)`` when the sampler has it, as
-            :class:`~torchrl.data.ConsumingSampler` does, else the length of its storage): every drawable item
-            is equally likely to be in a sub-batch, and empty or exhausted buffers are skipped.
-            Defaults to ``None`` (uniform).
+            sub-batch; normalized. ``"sampleable"`` weighs buffer ``i``, at every batch, by ``w_i = s_i`` when
+            its sampler can draw a sub-batch now (``can_sample(storage, batch_size // num_buffer_sampled)``) and
+            ``w_i = 0`` otherwise, with ``s_i`` the items its sampler can draw (``num_sampleable(storage)`` when
+            the sampler has it, as :class:`~torchrl.data.ConsumingSampler` does, else the length of its storage);
+            the probability is ``w_i / sum(w)``: every drawable item is equally likely to be in a sub-batch, and
+            empty, exhausted or not-ready buffers are skipped. Defaults to ``None`` (uniform).
         sample_from_all (bool): draw one sub-batch from every buffer instead of choosing. Cannot be combined
             with ``p``. Defaults to ``False``.
         num_buffer_sampled (int, optional): the number of sub-batches per batch; ``batch_size`` must be a
@@ -213,17 +228,30 @@ class SamplerEnsemble(Sampler):
     def __len__(self) -> int:
         return len(self._samplers)
 
-    def __getitem__(self, item: int) -> Sampler:
-        return member_at("SamplerEnsemble", self._samplers, item)
+    def __getitem__(self, item) -> Sampler | SamplerEnsemble:
+        """The ``item``-th sampler (int), or a sub-ensemble (slice or list of ints) with the same choice rule: a
+        tensor ``p`` restricted to the selected members (renormalized), ``"sampleable"`` kept as is."""
+        if is_int(item):
+            return member_at("SamplerEnsemble", self._samplers, item)
+        ids = selected_members("SamplerEnsemble", item, len(self._samplers))
+        p = self.p
+        if isinstance(p, torch.Tensor):
+            p = p[ids]
+        return type(self)(
+            *(self._samplers[i] for i in ids), p=p, sample_from_all=self._sample_from_all,
+            num_buffer_sampled=None if self._sample_from_all else self._num_buffer_sampled,
+        )  # fmt: skip
 
     # -- sampling --------------------------------------------------------------------------------------------
-    def _choose(self, storage: StorageEnsemble) -> torch.Tensor:
+    def _choose(self, storage: StorageEnsemble, per_buffer: int) -> torch.Tensor:
         n, k = len(self._samplers), self._num_buffer_sampled
         if self._sample_from_all:
             return torch.arange(n)
         rng = self._rng
         device = rng.device if rng is not None else None
-        p = _sampleable_weights(self._samplers, storage) if getattr(self, "_p_sampleable", False) else self._p
+        p = self._p
+        if getattr(self, "_p_sampleable", False):
+            p = _sampleable_weights(self._samplers, storage, per_buffer)
         if p is not None:
             return torch.multinomial(p.to(device), k, replacement=True, generator=rng).cpu()
         return torch.randint(0, n, (k,), generator=rng, device=device).cpu()
@@ -269,7 +297,7 @@ class SamplerEnsemble(Sampler):
                 f"{self._num_buffer_sampled}."
             )
         per_buffer = batch_size // self._num_buffer_sampled
-        buffer_ids = self._choose(storage)
+        buffer_ids = self._choose(storage, per_buffer)
         rows, infos = [], []
         for buffer_id in buffer_ids.tolist():
             member = storage[buffer_id]

@@ -10,7 +10,8 @@ sub-batch (batch size ``[num_buffer_sampled]``) holding
 
 Each member keeps its own data layout, so reads return one ``(buffer_id, data)`` pair per sub-batch; how
 they are combined into one batch is the buffer's business (see :class:`~torchrl.data.ReplayBufferEnsemble`).
-Writes go through the member buffers, never through the ensemble.
+Writes go through the member buffers (a :class:`~torchrl.data.ReplayBufferEnsemble` built with a routing rule
+routes records to them), never through the storage ensemble.
 """
 
 from __future__ import annotations
@@ -110,33 +111,38 @@ class StorageEnsemble(Storage):
         return list(self._transforms)
 
     @property
+    def collate_fns(self) -> list[Callable]:
+        """The per-member collate functions (a new list)."""
+        return list(self._collate_fns)
+
+    @property
     def max_size(self) -> int:
         """The total capacity of the members."""
         return sum(s.max_size for s in self._storages)
 
     # -- reads -----------------------------------------------------------------------------------------------
-    def get(self, index) -> list[tuple[int, Any]]:
+    def get(self, item) -> list[tuple[int, Any]]:
         """Reads every sub-batch of an ensemble index.
 
         Args:
-            index (TensorDictBase): what :meth:`SamplerEnsemble.sample` returns (``"buffer_ids"`` and
+            item (TensorDictBase): what :meth:`SamplerEnsemble.sample` returns (``"buffer_ids"`` and
                 ``"index"`` entries, one row per sub-batch).
 
         Returns:
             A list of ``(buffer_id, data)`` pairs, one per sub-batch, in order; ``data`` went through the
             member's collate function and transform.
         """
-        if not isinstance(index, TensorDictBase) or not {"buffer_ids", "index"} <= set(index.keys()):
+        if not isinstance(item, TensorDictBase) or not {"buffer_ids", "index"} <= set(item.keys()):
             raise TypeError(
                 f"StorageEnsemble.get() takes the index drawn by SamplerEnsemble.sample() (a TensorDict with "
-                f"'buffer_ids' and 'index' entries), got {type(index).__name__}. To read one member, index "
+                f"'buffer_ids' and 'index' entries), got {type(item).__name__}. To read one member, index "
                 f"the ensemble first: ensemble[buffer_id].get(index)."
             )
         out = []
-        buffer_ids = index.get("buffer_ids").tolist()
+        buffer_ids = item.get("buffer_ids").tolist()
         for row, buffer_id in enumerate(buffer_ids):
             storage = self[buffer_id]
-            positions = index[row].get("index")
+            positions = item[row].get("index")
             out.append((buffer_id, self._read(buffer_id, storage, positions)))
         return out
 
@@ -151,15 +157,7 @@ class StorageEnsemble(Storage):
         """The ``item``-th storage (int), or a sub-ensemble (slice or list of ints)."""
         if is_int(item):  # an int, a numpy integer or a 0-d integer tensor
             return self._storages[member_id(int(item), len(self._storages))]
-        if isinstance(item, slice):
-            ids = list(range(len(self._storages)))[item]
-        elif isinstance(item, (list, tuple, torch.Tensor)):
-            ids = [member_id(int(i), len(self._storages)) for i in item]
-        else:
-            raise TypeError(
-                f"Index a StorageEnsemble with an int (a member), a slice or a list of ints (a "
-                f"sub-ensemble); got {type(item).__name__}."
-            )
+        ids = selected_members("StorageEnsemble", item, len(self._storages))
         return type(self)(
             *(self._storages[i] for i in ids),
             transforms=[self._transforms[i] for i in ids],
@@ -192,10 +190,10 @@ class StorageEnsemble(Storage):
     def __setitem__(self, index, value) -> None:
         _write_refused("item assignment is not supported;")
 
-    def add(self, data) -> None:
+    def add(self, value) -> None:
         _write_refused("add() is not supported;")
 
-    def extend(self, data) -> None:
+    def extend(self, value) -> None:
         _write_refused("extend() is not supported;")
 
     def _empty(self) -> None:
@@ -217,6 +215,21 @@ class StorageEnsemble(Storage):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(map(repr, self._storages))})"
+
+
+def selected_members(kind: str, item, n: int) -> list[int]:
+    """The members of an ensemble ``kind`` of ``n`` members that ``item`` selects for a sub-ensemble: a slice, or
+    a list, tuple or 1-D tensor of ints (negative ones count from the end); ``TypeError`` for anything else."""
+    if isinstance(item, slice):
+        return list(range(n))[item]
+    if isinstance(item, (list, tuple)) or (isinstance(item, torch.Tensor) and item.ndim == 1):
+        if not all(is_int(i) for i in item):
+            raise TypeError(f"A sub-ensemble of a {kind} is selected with ints, got {item!r}.")
+        return [member_id(int(i), n) for i in item]
+    raise TypeError(
+        f"Index a {kind} with an int (a member), a slice or a list of ints (a sub-ensemble); got "
+        f"{type(item).__name__}."
+    )
 
 
 def _member_index(positions: torch.Tensor, storage: Storage):

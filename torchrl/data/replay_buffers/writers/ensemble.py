@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchrl._validation import check_member_states, check_members, member_at
-from torchrl.data.replay_buffers.writers.base import Writer
+from torchrl._validation import check_member_states, check_members, is_int, member_at
+from torchrl.data.replay_buffers.storages.ensemble import selected_members
+from torchrl.data.replay_buffers.writers.writer import Writer
 
 
 def _refuse(what: str):
@@ -58,8 +59,13 @@ class WriterEnsemble(Writer):
     def __len__(self) -> int:
         return len(self._writers)
 
-    def __getitem__(self, item: int) -> Writer:
-        return member_at("WriterEnsemble", self._writers, item)
+    def __getitem__(self, item) -> Writer | WriterEnsemble:
+        """The ``item``-th writer (int), or a sub-ensemble (slice or list of ints)."""
+        if is_int(item):
+            return member_at("WriterEnsemble", self._writers, item)
+        return type(self)(
+            *(self._writers[i] for i in selected_members("WriterEnsemble", item, len(self._writers)))
+        )
 
     def add(self, data) -> Any:
         _refuse("write")
