@@ -409,11 +409,20 @@ class ConsumingSampler(Sampler):
         )
 
     def num_sampleable(self, storage=None) -> int:
-        """The number of stored items that can still be drawn (``len(rb)`` of a consuming buffer)."""
+        """The number of stored items that can still be drawn (``len(rb)`` of a consuming buffer).
+
+        A read when the storage did not shrink: rows written and not announced yet count as live without being
+        added to the live list, so a reader outside the buffer's lock (``len(rb)``, ``sample(wait=True)``
+        polling :meth:`can_sample`) never edits the lists while a write or a draw of another thread does.
+        """
         with self._guard():
-            if storage is not None:
+            if storage is None:
+                return self._num_live
+            unannounced = len(storage) - self._known_len
+            if unannounced < 0:  # rows dropped behind the sampler's back (storage emptied or loaded)
                 self._sync(storage)
-            return self._num_live
+                return self._num_live
+            return self._num_live + unannounced
 
     def can_sample(self, storage, batch_size: int) -> bool:
         """``True`` when at least ``batch_size`` items can still be drawn (:meth:`num_sampleable`): a waiting
