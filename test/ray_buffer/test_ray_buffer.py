@@ -1,5 +1,6 @@
 """RayReplayBuffer on a real local Ray cluster: writers and samplers in Ray tasks, prioritized updates through
-clients, ``as_dataset`` through spawn workers, dumps/loads through the actor, a killed actor, lifecycle.
+clients, ``as_dataset`` through spawn workers, dumps/loads through the actor, a killed actor, lifecycle, and
+TorchRL's forwarding methods (components, generator and hooks sent to the actor, conditional updates, shutdown).
 
 One local cluster (``ray.init(num_cpus=2, include_dashboard=False)``, usage statistics off: nothing leaves the
 machine) serves the whole module. Ray tasks are started with ``num_cpus=0`` so that they never wait behind the
@@ -13,10 +14,12 @@ import os
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # before ray is imported: nothing leaves this machine
 
 import functools
+import inspect
 import pickle
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -29,9 +32,12 @@ from torchrl.data import (
     LazyTensorStorage,
     RandomSampler,
     RayReplayBuffer,
+    ReplayBuffer,
+    RoundRobinWriter,
     SamplerWithoutReplacement,
     TensorDictPrioritizedReplayBuffer,
     TensorDictReplayBuffer,
+    TensorDictRoundRobinWriter,
     tensordict_collate,
 )
 from torchrl.data.replay_buffers._ray.dataset import RayReplayBufferDataset
@@ -334,7 +340,7 @@ def test_clients_have_no_lifecycle_rights_and_a_closed_buffer_refuses_calls(make
         rb.as_dataset()  # it yields batches of the buffer's batch size, and there is none
     client = pickle.loads(pickle.dumps(rb))  # a pickled owner travels as a client
     assert type(client) is RayReplayBufferClient and not hasattr(client, "close")
-    with pytest.raises(ValueError, match="`n` must be a non-negative int"):
+    with pytest.raises(ValueError, match="`num_clients` must be a non-negative int"):
         rb.clients(-1)
     rb.close()
     assert rb.closed and not rb.is_alive and ray.is_initialized()  # Ray was started by the fixture: left running
@@ -508,3 +514,156 @@ def test_an_actor_that_cannot_start_raises_naming_the_resources(monkeypatch):
     monkeypatch.setattr(ray_buffer, "ACTOR_START_TIMEOUT", 3.0)
     with pytest.raises(RuntimeError, match=r"did not start within 3 s.*remote_config=\{'num_cpus': 64"):
         RayReplayBuffer(storage=functools.partial(LazyTensorStorage, 10), remote_config={"num_cpus": 64})
+
+
+# -- TorchRL's forwarding methods ---------------------------------------------------------------------------------
+NO_CPU = {"num_cpus": 0}  # these actors never wait for the module's other actors on the 2-CPU cluster
+# The methods TorchRL's RayReplayBuffer forwards, with the hosted ReplayBuffer method's signature here; ``extend``
+# takes ``*args, **kwargs`` (as in TorchRL) because the hosted classes' ``extend`` differ.
+SAME_SIGNATURE = [
+    "add", "sample", "update_priority", "append_transform", "insert_transform", "load", "loads", "dumps", "empty",
+    "share", "set_storage", "set_writer", "set_sampler", "set_rng", "update_if_present", "register_save_hook",
+    "register_load_hook", "shutdown", "mark_update", "can_sample", "state_dict", "load_state_dict",
+]
+
+
+class FixedKeywordsBuffer(ReplayBuffer):
+    """A hosted class whose constructor takes no ``delayed_init``."""
+
+    def __init__(self, *, batch_size=None):
+        super().__init__(batch_size=batch_size)
+
+
+class DoubleOnSave:
+    """A save hook (see ReplayBuffer.register_save_hook): saves the items doubled, and records ``shift``."""
+
+    shift = is_full = None
+
+    def __call__(self, data, path=None):
+        return data * 2
+
+
+class LockedHook(DoubleOnSave):
+    """A hook that holds a lock, which cannot be pickled for the actor."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+
+
+def test_forwarding_methods_have_the_hosted_buffers_signatures():
+    for name in SAME_SIGNATURE:
+        ours, hosted = inspect.signature(getattr(RayReplayBuffer, name)), inspect.signature(getattr(ReplayBuffer, name))
+        assert ours == hosted, (name, ours, hosted)
+    extend = list(inspect.signature(RayReplayBuffer.extend).parameters.values())[1:]
+    assert [p.kind for p in extend] == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]
+    init = inspect.signature(RayReplayBuffer).parameters
+    assert init["transport"].default == "auto" and init["transport_options"].default is None
+    assert init["delayed_init"].default is False
+    assert list(inspect.signature(RayReplayBuffer.clients).parameters) == ["self", "num_clients"]
+    assert RayReplayBuffer.hosted_class is ReplayBuffer  # the class whose signatures these are
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"transport": "gloo"}, NotImplementedError,
+         r"transport='gloo'\): TorchRL's transport='distributed'.*gloo or NCCL.*Pass transport='ray' or 'auto'.*"
+         r"shared=True"),
+        ({"transport": "distributed"}, NotImplementedError, r"transport='distributed'.*not implemented here"),
+        ({"transport_options": {"backend": "gloo"}}, ValueError,
+         r"`transport_options`=\{'backend': 'gloo'\} configure TorchRL's transport='distributed'.*Leave"),
+        ({"transport_options": "gloo"}, TypeError, r"`transport_options` must be a dict or None, got 'gloo'"),
+        ({"delayed_init": "yes"}, TypeError, r"`delayed_init` must be a bool, got 'yes'"),
+        ({"delayed_init": True, "replay_buffer_cls": FixedKeywordsBuffer}, TypeError,
+         r"delayed_init=True\) passes `delayed_init` to replay_buffer_cls, and FixedKeywordsBuffer does not take it"),
+    ],
+)
+def test_transport_and_delayed_init_are_checked_before_any_actor_starts(kwargs, error, match):
+    before = ray.util.list_named_actors(all_namespaces=True)
+    with pytest.raises(error, match=match):
+        RayReplayBuffer(storage=functools.partial(LazyTensorStorage, 10), **kwargs)
+    assert ray.util.list_named_actors(all_namespaces=True) == before
+
+
+@pytest.mark.timeout(120)
+def test_components_and_generator_sent_with_the_set_methods_are_copies_the_actor_uses(make_rb):
+    rb = make_rb(storage=functools.partial(LazyTensorStorage, 8), batch_size=4, remote_config=NO_CPU,
+                 transform_factory=lambda: (lambda x: x))  # fmt: skip
+    assert rb.initialized  # delayed_init=False (the default) builds the hosted buffer when the actor starts
+    rb.extend(torch.arange(8))
+    new_storage = LazyTensorStorage(20)
+    previous = rb.set_storage(new_storage)
+    assert type(previous) is LazyTensorStorage and len(previous) == 8  # the actor's previous storage, copied back
+    rb.extend(data=torch.arange(100, 110))  # the hosted extend's keywords travel too
+    assert len(rb) == 10 and len(new_storage) == 0  # the actor writes into its copy, not into the object passed
+
+    generator = torch.Generator().manual_seed(7)
+    state = generator.get_state()
+    rb.set_rng(generator)
+    first = rb.sample()
+    rb.set_rng(generator)
+    assert torch.equal(rb.sample(), first)  # the actor drew twice from a copy of the same state
+    assert torch.equal(generator.get_state(), state)  # and this generator did not advance
+    with pytest.raises(TypeError, match="`generator` must be a torch.Generator or None, got int"):
+        rb.set_rng(7)
+
+    assert type(rb.set_sampler(SamplerWithoutReplacement())) is RandomSampler
+    assert sorted(torch.cat(list(rb)).tolist()) == list(range(100, 110))  # one epoch of the new sampler
+    assert isinstance(rb.set_writer(RoundRobinWriter()), RoundRobinWriter)
+    rb.extend(torch.tensor([-1]))  # the new writer starts at its own cursor: row 0
+    assert rb[0].item() == -1 and len(rb) == 10
+
+
+@pytest.mark.timeout(120)
+def test_a_save_hook_runs_in_the_actor_as_a_copy_and_unpicklable_hooks_are_refused(make_rb, tmp_path):
+    rb = make_rb(storage=functools.partial(LazyTensorStorage, 10), remote_config=NO_CPU, delayed_init=None,
+                 transform_factory=lambda: (lambda x: x))  # fmt: skip
+    assert not rb.initialized  # delayed_init=None: the hosted class's default (delayed with a transform_factory)
+    rb.extend(torch.arange(5))
+    hook = DoubleOnSave()
+    rb.register_save_hook(hook)
+    rb.dumps(tmp_path / "ckpt")
+    local = ReplayBuffer(storage=LazyTensorStorage(10))
+    local.load(tmp_path / "ckpt")
+    assert local[:].tolist() == [0, 2, 4, 6, 8] and rb[:].tolist() == [0, 1, 2, 3, 4]
+    assert hook.shift is None  # the actor set `shift` on its copy of the hook
+    with pytest.raises(TypeError, match=r"register_save_hook\(\) sends `hook` to the Ray actor.*by pickling it, "
+                                        r"and this LockedHook cannot be pickled"):
+        rb.register_save_hook(LockedHook())
+    with pytest.raises(TypeError, match="A save hook must be a callable"):
+        rb.register_save_hook("double")
+    with pytest.raises(NotImplementedError, match=r"register_load_hook\(.*\) is not supported"):
+        rb.register_load_hook(hook)  # the hosted storage's checkpointer refuses hooks, as a local one does
+    assert rb.stats()["size"] == 5
+
+
+@pytest.mark.timeout(120)
+def test_conditional_updates_share_delayed_init_and_shutdown_through_the_actor(make_rb):
+    rb = make_rb(storage=functools.partial(LazyTensorStorage, 4), replay_buffer_cls=TensorDictReplayBuffer,
+                 writer=functools.partial(TensorDictRoundRobinWriter, track_generations=True), batch_size=2,
+                 delayed_init=True, remote_config=NO_CPU)  # fmt: skip
+    assert rb.hosted_class is TensorDictReplayBuffer and rb.client().hosted_class is TensorDictReplayBuffer
+    assert not rb.initialized  # built by the first write, in the actor
+    index = rb.extend(tensordicts=TensorDict(obs=torch.zeros(3), batch_size=[3]))
+    assert rb.initialized
+    generation = rb.writer.generations_of(index)
+    rb.extend(TensorDict(obs=torch.full((2,), 5.0), batch_size=[2]))  # rows 3 and 0: row 0 is overwritten
+    result = rb.update_if_present(index=index, generation=generation, patch={"obs": torch.ones(3)})
+    assert result.updated.tolist() == [False, True, True]
+    assert rb[:]["obs"].tolist() == [5.0, 1.0, 1.0, 5.0]
+
+    assert rb.share() is rb and len(rb) == 4  # the hosted buffer's share(), in the actor
+    with pytest.raises(TypeError, match="`shared` must be a bool, got 'yes'"):
+        rb.share("yes")
+    with pytest.raises(ValueError, match="`timeout` must be None or a non-negative number of seconds, got -1"):
+        rb.shutdown(timeout=-1)
+    assert rb.is_alive  # a refused shutdown stops nothing
+    client, other = rb.clients(num_clients=2)
+    for name in ("shutdown", "close"):  # lifecycle rights stay with the owner
+        assert not hasattr(client, name)
+    rb.shutdown(timeout=30)
+    assert rb.closed and not rb.is_alive
+    rb.shutdown(timeout=30)  # a second call does nothing
+    with pytest.raises(RuntimeError, match=rf"actor '{rb.actor_name}'.*is dead"):
+        other.sample()

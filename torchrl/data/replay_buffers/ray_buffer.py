@@ -19,10 +19,15 @@ Ray is imported on first use only (``_ray/runtime.py``); the actor side is ``_ra
 from __future__ import annotations
 
 import functools
+import inspect
+import numbers
+import types
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchrl._validation import check_positive_int
+import torch
+
+from torchrl._validation import check_bool, check_positive_int
 from torchrl.data.replay_buffers._ray.dataset import RayReplayBufferDataset
 from torchrl.data.replay_buffers._ray.host import CANCELLED, SELF, BufferHost, check_constructors
 from torchrl.data.replay_buffers._ray.runtime import (
@@ -39,9 +44,16 @@ from torchrl.data.replay_buffers.loading.worker_transport import DEFAULT_TRANSPO
 from torchrl.data.replay_buffers.replay_buffers import ReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers._readiness import check_wait_args
 from torchrl.data.replay_buffers.replay_buffers._service_backend import (
+    TENSOR_CHANNEL_TRANSPORTS,
     check_service_options,
     register_service_backend,
 )
+
+if TYPE_CHECKING:  # annotations only: the forwarding methods have the hosted buffer's signatures
+    from torchrl.data.replay_buffers.replay_buffers.conditional_update import ConditionalUpdateResult
+    from torchrl.data.replay_buffers.samplers import Sampler
+    from torchrl.data.replay_buffers.storages import Storage
+    from torchrl.data.replay_buffers.writers import Writer
 
 __all__ = ["RayReplayBuffer", "RayReplayBufferDataset"]
 
@@ -74,6 +86,10 @@ class PendingBatches:
         return decode_all(self.client._fetch(self.ref))
 
 
+#: The owner's lifecycle methods: a client neither defines them nor forwards them to the hosted buffer.
+LIFECYCLE_NAMES = frozenset({"close", "shutdown"})
+
+
 def _rebuild_client(identity: dict) -> RayReplayBufferClient:
     return RayReplayBufferClient(**identity)
 
@@ -90,9 +106,11 @@ class RayReplayBufferClient:
     process: see :meth:`sample`), ``can_sample``, ``stats``, ``update_priority``, ``update_tensordict_priority``,
     ``len()``, ``empty``, ``state_dict``/``load_state_dict``, ``dumps``/``loads`` (run by the actor, so ``path``
     is a path on the actor's machine), ``append_transform``/``insert_transform``, ``next``, iteration,
-    ``rb[index]``, and the properties ``batch_size``, ``write_count`` and ``dim_extend``. Any other public name
+    ``rb[index]``, ``update_if_present``, ``share``, and the properties ``batch_size``, ``write_count`` and
+    ``dim_extend``. ``set_storage``, ``set_writer``, ``set_sampler``, ``set_rng`` and the save/load hooks send a
+    pickled copy of their argument to the actor (NOTE [sending objects to the actor]). Any other public name
     of the hosted buffer is forwarded too (a method becomes a remote call, a property is read remotely); a name
-    the buffer lacks raises ``AttributeError``.
+    the buffer lacks raises ``AttributeError``, and so do ``close`` and ``shutdown``: they are the owner's.
 
     A call to a dead actor raises ``RuntimeError`` naming the actor; a call from a process forked from a Ray
     driver raises ``RuntimeError`` (such calls hang in Ray).
@@ -111,10 +129,16 @@ class RayReplayBufferClient:
 
     #: The class of the hosted buffer: ``isinstance(client, cls)`` is ``True`` for its base classes (TorchRL's name).
     _service_cls: type | None = None
+    #: The :class:`~torchrl.data.ReplayBuffer` class whose methods this handle's methods forward to, with the same
+    #: signatures (those of TorchRL's default ``replay_buffer_cls`` on the class; a handle's own hosted class on a
+    #: handle that knows it). ``extend`` takes ``*args, **kwargs``: the hosted classes' ``extend`` differ.
+    hosted_class: type = ReplayBuffer
 
     def __init__(self, actor_name: str, namespace: str | None, address: str | None, *, to_cpu: bool = True,
                  buffer_class: str = "ReplayBuffer", service_cls: type | None = None, handle=None) -> None:
         self._service_cls = service_cls
+        if service_cls is not None:
+            self.hosted_class = service_cls
         self._actor_name = actor_name
         self._namespace = namespace
         self._address = address
@@ -205,6 +229,11 @@ class RayReplayBufferClient:
     def __getattr__(self, name: str):
         if name.startswith("_"):
             raise AttributeError(name)
+        if name in LIFECYCLE_NAMES:  # the owner's (RayReplayBuffer's), never forwarded to the hosted buffer
+            raise AttributeError(
+                f"{type(self).__name__} has no attribute {name!r}: a client has no lifecycle rights; the "
+                f"RayReplayBuffer that created the actor closes it (close() or shutdown())."
+            )
         kinds = self.__dict__.setdefault("_kinds", {})
         if name not in kinds:
             kinds[name] = self._remote("describe", name)
@@ -218,22 +247,27 @@ class RayReplayBufferClient:
         return functools.partial(self._call, name)
 
     # -- writes ---------------------------------------------------------------------------------------------------
-    def add(self, data, *, timeout: float | None = None):
+    def add(self, data, *, timeout: float | None = None) -> Any:
         """Writes one item in the actor's buffer; returns its index. ``timeout``: see :meth:`extend`."""
-        return self._write("add", data, timeout, {})
+        return self._write("add", (data,), {} if timeout is None else {"timeout": timeout})
 
-    def extend(self, data, *, timeout: float | None = None, **kwargs):
-        """Writes a batch in the actor's buffer; returns the written indices.
+    def extend(self, *args, **kwargs):
+        """Writes a batch in the actor's buffer; returns the written indices. Takes the arguments of the hosted
+        class's ``extend`` (``extend(data, *, timeout=None)``; a TensorDict buffer also takes
+        ``update_priority``), sent to the actor by value (tensors moved to the CPU unless the actor has GPUs).
 
         With a ``rate_limiter`` that blocks inserts (:class:`~torchrl.data.SampleToInsertRatio`), the wait for
         its permission runs here, as attempts that never wait in the actor, up to ``timeout`` seconds (``None``:
         as long as it takes), then raises the ``TimeoutError`` of a local buffer."""
-        return self._write("extend", data, timeout, kwargs)
+        return self._write("extend", args, kwargs)
 
-    def _write(self, method: str, data, timeout, kwargs: dict):
+    def _write(self, method: str, args: tuple, kwargs: dict):
+        kwargs = dict(kwargs)
+        timeout = kwargs.pop("timeout", None)
         if timeout is not None:
             timeout = check_wait_args(False, timeout, None)
-        payload = [self._cpu(data)]
+        payload = [tuple(self._cpu(arg) for arg in args)]
+        kwargs = {name: self._cpu(value) for name, value in kwargs.items()}
 
         def attempt(first: bool):
             if not first and not isinstance(payload[0], import_ray().ObjectRef):
@@ -242,6 +276,17 @@ class RayReplayBufferClient:
 
         out = poll_until(attempt, timeout=timeout)
         return self if out is SELF else out
+
+    def update_if_present(
+        self, *, index, generation, patch, version_key=None, version=None, require_newer=False
+    ) -> ConditionalUpdateResult:
+        """Writes ``patch`` into the records at ``index`` of the actor's buffer that were not overwritten since
+        they were read (``generation``, as sampled), in one call of the actor; see :meth:`ReplayBuffer.update_if_present
+        <torchrl.data.ReplayBuffer.update_if_present>`. Returns the actor's result by value."""
+        return self._call(
+            "update_if_present", index=self._cpu(index), generation=self._cpu(generation), patch=self._cpu(patch),
+            version_key=version_key, version=self._cpu(version), require_newer=require_newer,
+        )  # fmt: skip
 
     def update_priority(self, index, priority) -> None:
         """Sets priorities in the actor's sampler (prioritized buffers)."""
@@ -374,15 +419,97 @@ class RayReplayBufferClient:
 
     dump = dumps
     save = dumps
-    load = loads
+
+    def load(self, *args, **kwargs) -> None:
+        """Alias of :meth:`loads`."""
+        self.loads(*args, **kwargs)
 
     # -- transforms -----------------------------------------------------------------------------------------------
-    def append_transform(self, transform, *, invert: bool = False) -> RayReplayBufferClient:
-        """Appends ``transform`` (sent by value) to the actor's buffer's sample path."""
-        return self._call("append_transform", transform, invert=invert)
+    def append_transform(self, transform, *, invert: bool = False) -> ReplayBuffer:
+        """Appends ``transform`` (pickled and sent to the actor) to the actor's buffer's sample path; returns
+        this handle."""
+        return self._send("append_transform", "transform", transform, invert=invert)
 
-    def insert_transform(self, index: int, transform, *, invert: bool = False) -> RayReplayBufferClient:
-        return self._call("insert_transform", index, transform, invert=invert)
+    def insert_transform(self, index: int, transform, *, invert: bool = False) -> ReplayBuffer:
+        """Inserts ``transform`` (pickled and sent to the actor) at ``index`` of the actor's transforms."""
+        return self._send("insert_transform", "transform", transform, index, invert=invert)
+
+    # -- components, generator and hooks, sent to the actor by value ------------------------------------------
+    # NOTE [sending objects to the actor]: a storage, sampler, writer, generator or hook passed to these methods
+    # is pickled (with Ray's cloudpickle: functions and classes defined in __main__ or a notebook travel by
+    # value, others by module path, which the actor must be able to import) and the actor's buffer gets the
+    # copy. The object passed stays in this process, unchanged and unconnected: later changes to it (an extend
+    # on that storage, draws from that generator, attributes a hook sets on itself) are not the buffer's. What
+    # cannot be pickled is refused with a TypeError naming the argument, before anything is sent.
+
+    def _send(self, method: str, what: str, value, *args, **kwargs):
+        """``self._call(method, *args, value, **kwargs)`` (``value`` after ``args``), with a ``TypeError`` naming
+        ``what`` when ``value`` cannot be pickled for the actor."""
+        ray = import_ray()
+        self._actor()  # a closed buffer, a cluster left or a forked process raise first: nothing is put in the store
+        try:
+            ref = ray.put(value)
+        except Exception as err:  # Ray raises TypeError or a pickling error, depending on the object
+            raise TypeError(
+                f"{type(self).__name__}.{method}() sends `{what}` to the Ray actor that hosts the buffer by pickling "
+                f"it, and this {type(value).__name__} cannot be pickled ({type(err).__name__}: "
+                f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}). Pass an object that pickles "
+                f"(no open files, locks or threads), or build it in the actor from a picklable constructor."
+            ) from None
+        out = self._remote("call_with_object", method, args, ref, kwargs)
+        return self if out is SELF else out
+
+    def set_storage(self, storage: Storage, collate_fn=None) -> Storage:
+        """Replaces the actor's storage by a copy of ``storage`` (pickled and sent, see NOTE [sending objects to
+        the actor]: its content travels too) and returns the previous one, copied back here; see
+        :meth:`ReplayBuffer.set_storage <torchrl.data.ReplayBuffer.set_storage>`."""
+        return self._send("set_storage", "storage", storage, collate_fn=collate_fn)
+
+    def set_writer(self, writer: Writer) -> Writer:
+        """Replaces the actor's writer by a copy of ``writer`` and returns the previous one, copied back here."""
+        return self._send("set_writer", "writer", writer)
+
+    def set_sampler(self, sampler: Sampler) -> Sampler:
+        """Replaces the actor's sampler by a copy of ``sampler`` (its priorities or epoch state travel with it)
+        and returns the previous one, copied back here."""
+        return self._send("set_sampler", "sampler", sampler)
+
+    def set_rng(self, generator: torch.Generator | None) -> None:
+        """The actor's buffer draws with a copy of ``generator`` (its state as it is now): the actor's draws
+        are reproducible from that state, and ``generator`` itself does not advance. A CUDA generator is
+        refused (``ValueError``) when the actor has no GPU (``remote_config`` without ``num_gpus``)."""
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"`generator` must be a torch.Generator or None, got {type(generator).__name__}.")
+        if generator is not None and generator.device.type != "cpu" and self._to_cpu:
+            raise ValueError(
+                f"`generator` is a {generator.device.type} generator, and the Ray actor that hosts the buffer has "
+                f"no GPU (remote_config without num_gpus): pass a CPU generator, e.g. "
+                f"torch.Generator().manual_seed(seed)."
+            )
+        self._send("set_rng", "generator", generator)
+
+    def share(self, shared: bool = True) -> ReplayBuffer:
+        """Runs the hosted buffer's :meth:`~torchrl.data.ReplayBuffer.share` in the actor; returns this handle.
+
+        Every client already writes and samples the one buffer in the actor, so this is not needed to share it
+        between collectors and learners: it moves the actor's storage to shared memory, as it would for a local
+        buffer (only processes started by the actor itself could map that memory)."""
+        return self._call("share", check_bool("shared", shared))
+
+    def register_save_hook(self, hook) -> None:
+        """Registers a copy of ``hook`` (pickled and sent, see NOTE [sending objects to the actor]) with the
+        actor's buffer: it runs in the actor at :meth:`dumps`, and attributes it sets on itself (``shift``,
+        ``is_full``) are set on that copy. See :meth:`ReplayBuffer.register_save_hook
+        <torchrl.data.ReplayBuffer.register_save_hook>`."""
+        if not callable(hook):
+            raise TypeError(f"A save hook must be a callable hook(data, path=path), got {type(hook).__name__}.")
+        self._send("register_save_hook", "hook", hook)
+
+    def register_load_hook(self, hook) -> None:
+        """Sends a copy of ``hook`` to the actor's buffer, whose storage checkpointer receives it (and refuses it,
+        as a local buffer's does: see :meth:`ReplayBuffer.register_load_hook
+        <torchrl.data.ReplayBuffer.register_load_hook>`)."""
+        self._send("register_load_hook", "hook", hook)
 
 
 class RayReplayBuffer(RayReplayBufferClient):
@@ -416,8 +543,16 @@ class RayReplayBuffer(RayReplayBufferClient):
         remote_config (dict, optional): options of the actor (``num_cpus``, ``num_gpus``, ``name``,
             ``namespace``, ...). Without ``num_gpus``, tensors sent to the actor are moved to the CPU first.
             Defaults to ``{"num_cpus": 1}``, merged with what is passed, and a unique ``name``.
-        transport (str): ``"auto"`` or ``"ray"`` (calls through Ray, the only transport here).
-            Defaults to ``"auto"``.
+        transport (str): ``"auto"`` or ``"ray"`` (calls through Ray, the only transport here). TorchRL's
+            ``"distributed"`` (tensor channels over gloo / NCCL) raises ``NotImplementedError`` naming what to use
+            instead. Defaults to ``"auto"``.
+        transport_options (dict, optional): options of TorchRL's ``"distributed"`` transport; anything but
+            ``None`` or ``{}`` is refused (``ValueError``). Defaults to ``None``.
+        delayed_init (bool or None): passed to ``replay_buffer_cls``: ``True`` builds the hosted buffer's
+            components at its first write, in the actor; ``False`` builds them when the actor starts, so that their
+            errors are raised by this constructor; ``None`` leaves the hosted class's own default (for a
+            :class:`~torchrl.data.ReplayBuffer`: delayed exactly when ``transform_factory`` is given). Defaults to
+            ``False`` (as in TorchRL).
         **kwargs: keyword arguments of ``replay_buffer_cls``, with constructors for the components.
 
     Raises:
@@ -447,23 +582,27 @@ class RayReplayBuffer(RayReplayBufferClient):
     """
 
     def __init__(self, *args, replay_buffer_cls: type = ReplayBuffer, ray_init_config: dict | None = None,
-                 remote_config: dict | None = None, transport: str = "auto", **kwargs) -> None:
+                 remote_config: dict | None = None, transport: str = "auto", transport_options: dict | None = None,
+                 delayed_init: bool = False, **kwargs) -> None:
         if not (isinstance(replay_buffer_cls, type) and issubclass(replay_buffer_cls, ReplayBuffer)):
             raise TypeError(
                 f"`replay_buffer_cls` must be a ReplayBuffer class (e.g. TensorDictReplayBuffer), got "
                 f"{replay_buffer_cls!r}."
             )
-        if transport == "distributed":
-            raise NotImplementedError(
-                "RayReplayBuffer(transport='distributed') (tensor channels over torch.distributed) is not "
-                "implemented: pass transport='ray' or 'auto'."
-            )
-        if transport not in ("auto", "ray"):
-            raise ValueError(f"`transport` must be 'auto' or 'ray', got {transport!r}.")
+        _check_transport(transport, transport_options)
         for name, value in (("ray_init_config", ray_init_config), ("remote_config", remote_config)):
             if value is not None and not isinstance(value, dict):
                 raise TypeError(f"`{name}` must be a dict of keyword arguments or None, got {value!r}.")
+        if delayed_init is not None:  # None (a ReplayBuffer's own default, e.g. from service_backend="ray"): not passed
+            delayed_init = check_bool("delayed_init", delayed_init)
         check_constructors(kwargs)
+        if delayed_init is not None and _takes_keyword(replay_buffer_cls, "delayed_init"):
+            kwargs["delayed_init"] = delayed_init
+        elif delayed_init:
+            raise TypeError(
+                f"RayReplayBuffer(delayed_init=True) passes `delayed_init` to replay_buffer_cls, and "
+                f"{replay_buffer_cls.__name__} does not take it: build it with delayed_init=False."
+            )
         ray = import_ray()
         self._closed = True  # until the actor exists
         self._prefetch = kwargs.get("prefetch")
@@ -511,11 +650,11 @@ class RayReplayBuffer(RayReplayBufferClient):
         """A picklable handle on the actor's buffer, without lifecycle rights (it cannot close the buffer)."""
         return RayReplayBufferClient(**self._identity(), handle=self._handle)
 
-    def clients(self, n: int) -> list[RayReplayBufferClient]:
-        """``n`` clients (one per collector or learner)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"`n` must be a non-negative int, got {n!r}.")
-        return [self.client() for _ in range(n)]
+    def clients(self, num_clients: int) -> list[RayReplayBufferClient]:
+        """``num_clients`` clients (one per collector or learner), each as :meth:`client` returns it."""
+        if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 0:
+            raise ValueError(f"`num_clients` must be a non-negative int, got {num_clients!r}.")
+        return [self.client() for _ in range(num_clients)]
 
     @property
     def closed(self) -> bool:
@@ -547,7 +686,33 @@ class RayReplayBuffer(RayReplayBufferClient):
             self._handle = None
             RuntimeLease.release(ray)
 
-    shutdown = close
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stops the buffer gracefully, then closes it as :meth:`close` does (the actor is killed, its data lost).
+
+        The actor first runs the calls it already received, then the hosted buffer's own
+        :meth:`~torchrl.data.ReplayBuffer.shutdown` (its prefetching threads stop; clients waiting in
+        ``sample(wait=True)`` get its ``RuntimeError``). This waits up to ``timeout`` seconds for that (``None``:
+        as long as it takes) and kills the actor in any case. Calling it again does nothing.
+
+        Raises:
+            ValueError: ``timeout`` is not ``None`` or a non-negative number (checked before anything stops).
+        """
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0
+        ):
+            raise ValueError(f"`timeout` must be None or a non-negative number of seconds, got {timeout!r}.")
+        if self._closed:
+            return
+        ray = import_ray()
+        try:
+            if ray.is_initialized():
+                ray.get(self._handle.call.remote("shutdown", (), {"timeout": timeout}), timeout=timeout)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+            pass  # too slow, or already dead: close() kills it anyway
+        except ray.exceptions.RayTaskError:
+            pass  # the hosted buffer has no shutdown of its own, or it failed: the actor is killed anyway
+        finally:
+            self.close()
 
     def __enter__(self) -> RayReplayBuffer:
         return self
@@ -588,6 +753,37 @@ class RayReplayBuffer(RayReplayBufferClient):
                                       timeout=timeout)  # fmt: skip
 
 
+def _check_transport(transport, transport_options) -> None:
+    """Refuses what :class:`RayReplayBuffer` cannot do, before Ray starts: TorchRL's ``"distributed"`` transport
+    (gloo / NCCL tensor channels), any other transport than Ray's, and transport options."""
+    if transport in TENSOR_CHANNEL_TRANSPORTS:
+        raise NotImplementedError(
+            f"RayReplayBuffer(transport={transport!r}): TorchRL's transport='distributed' (tensor channels over "
+            f"torch.distributed, gloo or NCCL) is not implemented here. Pass transport='ray' or 'auto': calls go "
+            f"through Ray, and sampled batches reach the caller through Ray's object store without a copy "
+            f"(DataLoader workers read with rb.as_dataset()). For processes of one machine only, a local buffer "
+            f"built with shared=True (or rb.share()) needs no actor at all."
+        )
+    if transport not in ("auto", "ray"):
+        raise ValueError(f"`transport` must be 'auto' or 'ray', got {transport!r}.")
+    if transport_options is not None and not isinstance(transport_options, dict):
+        raise TypeError(f"`transport_options` must be a dict or None, got {transport_options!r}.")
+    if transport_options:  # None or {}: nothing to configure
+        raise ValueError(
+            f"`transport_options`={transport_options!r} configure TorchRL's transport='distributed' (tensor "
+            f"channels), which is not implemented here: calls go through Ray. Leave `transport_options` out."
+        )
+
+
+def _takes_keyword(cls: type, name: str) -> bool:
+    """Whether ``cls(...)`` accepts the keyword ``name`` (named in its signature, or taken by ``**kwargs``)."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return True  # no signature to read: the class reports a bad keyword itself
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 #: The keywords of :class:`RayReplayBuffer` that ``service_backend_options`` may hold.
 RAY_SERVICE_OPTIONS = ("ray_init_config", "remote_config", "transport")
 
@@ -595,17 +791,15 @@ RAY_SERVICE_OPTIONS = ("ray_init_config", "remote_config", "transport")
 def _ray_service(cls: type, args: tuple, kwargs: dict, *, options, transport, transport_options) -> RayReplayBuffer:
     """``cls(*args, service_backend="ray", **kwargs)``: a :class:`RayReplayBuffer` whose actor hosts a ``cls``."""
     options = check_service_options("ray", options, RAY_SERVICE_OPTIONS)
-    if transport_options:  # None or {}: nothing to configure
-        raise ValueError(
-            f"`transport_options`={transport_options!r} configure TorchRL's transport='distributed' (tensor "
-            f"channels), which is not implemented here: calls go through Ray. Leave `transport_options` out."
-        )
+    _check_transport(options.get("transport", transport), transport_options)
     if "transport" in options and transport not in ("auto", options["transport"]):
         raise ValueError(
             f"`transport`={transport!r} contradicts service_backend_options['transport']="
             f"{options['transport']!r}: pass one of them."
         )
     options.setdefault("transport", transport)
+    if transport_options is not None:
+        options["transport_options"] = transport_options  # checked by RayReplayBuffer before Ray starts
     both = sorted(options.keys() & kwargs.keys())
     if both:
         raise TypeError(f"{', '.join(map(repr, both))} passed both to the buffer and in `service_backend_options`: "
@@ -621,3 +815,59 @@ def _ray_service(cls: type, args: tuple, kwargs: dict, *, options, transport, tr
 
 
 register_service_backend("ray", _ray_service)
+
+
+# -- TorchRL's `ReplayBuffer.as_remote` ----------------------------------------------------------------------------
+def default_remote_class_config() -> dict[str, Any]:
+    """The actor options :func:`as_remote` uses by default (TorchRL's ``DEFAULT_REMOTE_CLASS_CONFIG``): one CPU,
+    a fifth of a GPU when CUDA is available, 2 GiB of memory."""
+    return {"num_cpus": 1, "num_gpus": 0.2 if torch.cuda.is_available() else None, "memory": 2 * 1024**3}
+
+
+def _as_remote(cls: type, remote_config: dict[str, Any] | None = None) -> type:
+    """``cls`` as a Ray actor class: ``ray.remote(**remote_config)(cls)``, marked ``is_remote = True``.
+
+    TorchRL's ``ReplayBuffer.as_remote``: a lower-level way than :class:`RayReplayBuffer` to host a buffer in a
+    Ray actor (build it with ``.remote(...)``, call it with ``handle.method.remote(...)`` and ``ray.get``). Ray
+    is imported here (``ImportError`` naming the ``ray`` extra when it is not installed).
+
+    Args:
+        remote_config (dict, optional): the actor options (``num_cpus``, ``num_gpus``, ``memory``, ...).
+            Defaults to :func:`default_remote_class_config`.
+
+    Examples:
+        >>> from torchrl.data import ReplayBuffer
+        >>> ReplayBuffer.as_remote({"num_cpus": 1}).is_remote  # doctest: +SKIP
+        True
+    """
+    ray = import_ray()
+    if remote_config is None:
+        remote_config = default_remote_class_config()
+    elif not isinstance(remote_config, dict):
+        raise TypeError(
+            f"`remote_config` must be a dict of Ray actor options (e.g. {{'num_cpus': 1}}) or None, got "
+            f"{remote_config!r}."
+        )
+    # Ray sets a ``__signature__`` with a tracing keyword on each method function of the class it wraps, which
+    # ``cls``'s own methods share (ReplayBuffer, used locally by everyone): put them back once the actor class
+    # holds what it needs.
+    functions = {f for klass in cls.__mro__ for f in vars(klass).values() if isinstance(f, types.FunctionType)}
+    missing = object()
+    saved = {f: f.__dict__.get("__signature__", missing) for f in functions}
+    try:
+        remote_cls = ray.remote(**remote_config)(cls)
+    finally:
+        for f, signature in saved.items():
+            if signature is missing:
+                f.__dict__.pop("__signature__", None)
+            else:
+                f.__signature__ = signature
+    remote_cls.is_remote = True
+    return remote_cls
+
+
+#: TorchRL's module-level classmethod, attached to :class:`~torchrl.data.ReplayBuffer` below (as in TorchRL, where
+#: importing ``torchrl.data.replay_buffers`` attaches it): call it as ``ReplayBuffer.as_remote(remote_config)``.
+#: The buffer classes sit a layer below this module, so the attachment is made from here.
+as_remote = classmethod(_as_remote)
+ReplayBuffer.as_remote = as_remote

@@ -164,6 +164,11 @@ class BufferHost:
         out = getattr(self.buffer, name)(*args, **kwargs)
         return SELF if out is self.buffer else out
 
+    def call_with_object(self, name: str, args: tuple, value, kwargs: dict):
+        """``buffer.<name>(*args, value, **kwargs)``: ``value`` (a component, generator, hook or transform) was
+        put in the object store by the client, which checked there that it pickles, and Ray resolved it here."""
+        return self.call(name, (*args, value), kwargs)
+
     def get(self, name: str):
         out = getattr(self.buffer, name)
         return SELF if out is self.buffer else out
@@ -201,20 +206,22 @@ class BufferHost:
             size=stats["size"] + pending, n=n,
         )  # fmt: skip
 
-    def poll_write(self, method: str, data, kwargs: dict, timeout: float | None, first: bool):
-        """One attempt of a client's ``add``/``extend`` (``method``): ``(True, result, None)``, or ``(False, None,
-        message)`` while a limiter that blocks inserts refuses it. Without such a limiter the write runs at once
-        (``timeout`` is the buffer's to check). With one, the first attempt is the buffer's own wait with a zero
-        timeout (it counts the wait and returns its ``TimeoutError`` message); the next ones write only when the
-        limiter permits it. Never waits (NOTE [waiting through a Ray actor])."""
+    def poll_write(self, method: str, args: tuple, kwargs: dict, timeout: float | None, first: bool):
+        """One attempt of a client's ``add``/``extend`` (``method``, with the caller's ``args`` and ``kwargs``
+        but ``timeout``): ``(True, result, None)``, or ``(False, None, message)`` while a limiter that blocks
+        inserts refuses it. Without such a limiter the write runs at once (``timeout`` is the buffer's to
+        check). With one, the first attempt is the buffer's own wait with a zero timeout (it counts the wait and
+        returns its ``TimeoutError`` message); the next ones write only when the limiter permits it. Never waits
+        (NOTE [waiting through a Ray actor])."""
         write = getattr(self.buffer, method)
         if self._insert_limiter is None:
-            out = write(data, **kwargs) if timeout is None else write(data, timeout=timeout, **kwargs)
+            out = write(*args, **kwargs) if timeout is None else write(*args, timeout=timeout, **kwargs)
             return True, SELF if out is self.buffer else out, None
-        if not first and not self._insert_permitted(1 if method == "add" else items_in(data)):
+        data = args[0] if args else kwargs.get("data", kwargs.get("tensordicts"))
+        if not first and data is not None and not self._insert_permitted(1 if method == "add" else items_in(data)):
             return False, None, None
         try:
-            out = write(data, timeout=0.0, **kwargs)
+            out = write(*args, timeout=0.0, **kwargs)
         except TimeoutError as err:
             return False, None, str(err)
         return True, SELF if out is self.buffer else out, None

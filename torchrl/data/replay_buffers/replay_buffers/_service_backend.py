@@ -29,7 +29,9 @@ __all__ = [
     "HOSTED_CLASS_ATTRIBUTE",
     "READINESS_BACKENDS",
     "ReadinessBackendMeta",
+    "TENSOR_CHANNEL_ALTERNATIVES",
     "ServiceBackendMeta",
+    "check_direct_transport",
     "check_service_options",
     "register_service_backend",
 ]
@@ -117,6 +119,44 @@ def _resolve_backend(cls: type, kwargs: dict) -> str:
     return backend
 
 
+#: TorchRL's transport over ``torch.distributed`` tensor channels, and the process-group backends it runs on.
+TENSOR_CHANNEL_TRANSPORTS = ("distributed", "gloo", "nccl")
+#: What to use instead of TorchRL's tensor channels (gloo / NCCL), in the errors that refuse them.
+TENSOR_CHANNEL_ALTERNATIVES = (
+    "To write and sample one buffer from several processes of this machine, build it with shared=True (or call "
+    "rb.share()) and hand it to them (rb.as_dataset() for DataLoader workers); to reach it from other machines, "
+    "host it in a Ray actor: service_backend='ray' (transport='ray')."
+)
+
+
+def check_direct_transport(owner: str, transport, transport_options) -> None:
+    """Raises ``ValueError`` unless ``transport`` is an in-process transport (``"auto"``, ``"direct"``) and
+    ``transport_options`` configures nothing (``None`` or ``{}``), as TorchRL's direct backend requires.
+
+    TorchRL's gloo / NCCL tensor channels (``transport="distributed"``) reach a buffer hosted as a service; this
+    package has none, and the error names what does the same here: a shared buffer, or a Ray actor.
+    """
+    if transport in TENSOR_CHANNEL_TRANSPORTS:
+        raise ValueError(
+            f"`transport`={transport!r}: TorchRL's transport='distributed' sends tensors over torch.distributed "
+            f"(gloo or NCCL) to a buffer hosted as a service, and this package does not implement those "
+            f"channels; {owner} runs in this process (service_backend='direct'), which takes transport='auto' "
+            f"or 'direct'. {TENSOR_CHANNEL_ALTERNATIVES}"
+        )
+    if transport not in DIRECT_TRANSPORTS:
+        raise ValueError(
+            f"`transport`={transport!r} is a transport to a service, and {owner} runs in this process "
+            f"(service_backend='direct'), which takes transport='auto' or 'direct'. Pass service_backend='ray' "
+            f"for a buffer in a Ray actor, or leave `transport` out."
+        )
+    if transport_options:  # None or {}: nothing to configure
+        raise ValueError(
+            f"`transport_options`={transport_options!r} configure a transport to a service (TorchRL's gloo / NCCL "
+            f"channels), and {owner} runs in this process (service_backend='direct'): leave `transport_options` "
+            f"out. {TENSOR_CHANNEL_ALTERNATIVES}"
+        )
+
+
 def _check_direct(cls: type, options, transport, transport_options) -> None:
     """The direct backend takes no service options and only the in-process transports (TorchRL's rules)."""
     if options:
@@ -124,17 +164,7 @@ def _check_direct(cls: type, options, transport, transport_options) -> None:
             f"`service_backend_options`={options!r} configure a service, and {cls.__name__} runs in this process "
             f"(service_backend='direct'): pass service_backend='ray' with them, or leave them out."
         )
-    if transport not in DIRECT_TRANSPORTS:
-        raise ValueError(
-            f"`transport`={transport!r} is a transport to a service, and {cls.__name__} runs in this process "
-            f"(service_backend='direct'), which takes transport='auto' or 'direct'. Pass service_backend='ray' "
-            f"for a buffer in a Ray actor, or leave `transport` out."
-        )
-    if transport_options:  # None or {}: nothing to configure
-        raise ValueError(
-            f"`transport_options`={transport_options!r} configure a transport to a service, and {cls.__name__} "
-            f"runs in this process (service_backend='direct'): leave `transport_options` out."
-        )
+    check_direct_transport(cls.__name__, transport, transport_options)
 
 
 def _init_signature(cls: type) -> inspect.Signature:

@@ -81,7 +81,10 @@ from torchrl.data.replay_buffers.replay_buffers._readiness import (
     check_counter_state,
     check_wait_args,
 )
-from torchrl.data.replay_buffers.replay_buffers._service_backend import ServiceBackendMeta
+from torchrl.data.replay_buffers.replay_buffers._service_backend import (
+    ServiceBackendMeta,
+    check_direct_transport,
+)
 from torchrl.data.replay_buffers.replay_buffers.conditional_update import (
     ConditionalUpdateResult,
     conditional_update,
@@ -203,8 +206,12 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         service_backend_options (dict, optional): the service's keywords (``ray_init_config``,
             ``remote_config`` for ``"ray"``). Defaults to ``None``.
         transport (str): how calls reach the buffer: ``"auto"`` or ``"direct"`` for a direct buffer,
-            ``"auto"`` or ``"ray"`` for a Ray one. Defaults to ``"auto"``.
-        transport_options (dict, optional): refused (no transport here takes options). Defaults to ``None``.
+            ``"auto"`` or ``"ray"`` for a Ray one. TorchRL's ``"distributed"`` (tensor channels over gloo / NCCL)
+            raises an error naming what to use here: ``shared=True`` (or :meth:`share`) for processes of this
+            machine, ``service_backend="ray"`` across machines (see :ref:`distributed-replay`). Defaults to
+            ``"auto"``.
+        transport_options (dict, optional): options of TorchRL's tensor-channel transport; anything but ``None``
+            or ``{}`` is refused (``ValueError``), as no transport here takes options. Defaults to ``None``.
         use_ray_service (bool, optional): deprecated (warns): ``True`` means ``service_backend="ray"``.
         rate_limiter (RateLimiter, optional): a Reverb-style limiter (:class:`~torchrl.data.MinSize`,
             :class:`~torchrl.data.SampleToInsertRatio`) consulted by every sample and write: a sample it does not
@@ -269,7 +276,12 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         delayed_init: bool | None = None,
         checkpointer=None,
         rate_limiter: RateLimiter | None = None,
+        transport: str = "auto",
+        transport_options: dict | None = None,
     ) -> None:
+        # ``cls(...)`` reads the transport keywords before __init__ (ServiceBackendMeta); a subclass's super().__init__
+        # call may still pass them, and this buffer runs in this process: only the in-process transports.
+        check_direct_transport(type(self).__name__, transport, transport_options)
         if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
             raise TypeError(
                 f"`rate_limiter` must be a RateLimiter (MinSize, SampleToInsertRatio) or None, got "
