@@ -21,6 +21,12 @@ batch), ``PrioritizedSliceSampler(slice_len=32, traj_key="episode")`` + ``update
 ``Sequence(32, done_key=("next", "done"))``. The ``ratio`` column is the median of per-round ratios to uniform
 in the same mode, the two measured round by round (interleaved), so machine load hits both alike.
 
+Fragmented rows (interleaved trajectories, issue 41): the same steps written as 8 envs write them, one step of each
+env in turn (``episode`` ids per env, a ``step_count`` per step), drawn by ``SliceSampler(slice_len=32,
+traj_key="episode", fragmented=True)`` (``slice (fragmented)``) and ``PrioritizedSliceSampler(..., fragmented=True)``
++ ``update_priority`` (``prio. slice fragm. + upd.``); a second table gives each one's cost over its contiguous
+row (``slice (no cache)``, ``prio. slice + update``) for the same N and mode (target: within 1.5x).
+
 Then checkpoints of a ``LazyMemmapStorage`` buffer of ``--dump-mb`` MB (``observation: f32[256]``): a full
 ``rb.dumps(path)`` into a new directory vs an incremental ``rb.dumps(path)`` onto the buffer's previous
 checkpoint at the same path after 1% of the rows were rewritten; target: incremental <= 10% of full.
@@ -66,13 +72,38 @@ def _rows(start: int, n: int, width: int = 4) -> TensorDict:
     )
 
 
-def _buffer(n: int, sampler, *, buffer_cls=ReplayBuffer, **kwargs) -> tuple[ReplayBuffer, list[int]]:
+ENVS = 8
+
+
+def _interleaved_rows(start: int, n: int, width: int = 4) -> TensorDict:
+    """Rows ``start .. start + n`` of ``ENVS`` envs writing one step each in turn: env ``i % ENVS`` plays episodes of
+    ``EPISODE`` steps; ``episode`` ids are unique over envs, ``step_count`` counts the steps of each episode."""
+    i = torch.arange(start, start + n)
+    env, t = i % ENVS, i // ENVS
+    step = t % EPISODE
+    done = (step == EPISODE - 1).unsqueeze(-1)
+    return TensorDict(
+        {
+            "observation": torch.randn(n, width),
+            "episode": (t // EPISODE) * ENVS + env,
+            "step_count": step,
+            ("next", "done"): done,
+        },
+        batch_size=[n],
+    )
+
+
+#: fragmented row -> its contiguous row (the second table)
+FRAGMENTED = {"slice (fragmented)": "slice (no cache)", "prio. slice fragm. + upd.": "prio. slice + update"}
+
+
+def _buffer(n: int, sampler, *, buffer_cls=ReplayBuffer, rows=_rows, **kwargs) -> tuple[ReplayBuffer, list]:
     batch = BATCH // 32 if "sample_unit" in kwargs else BATCH  # a Sequence batch of B anchors has B * 32 rows
     rb = buffer_cls(storage=LazyTensorStorage(n), sampler=sampler, batch_size=batch, **kwargs)
     chunk = 1_000_000
     for start in range(0, n, chunk):
-        rb.extend(_rows(start, min(chunk, n - start)))
-    return rb, [n]
+        rb.extend(rows(start, min(chunk, n - start)))
+    return rb, [n, rows]
 
 
 def _samplers(n: int) -> dict[str, tuple[ReplayBuffer, list[int], bool]]:
@@ -100,12 +131,26 @@ def _samplers(n: int) -> dict[str, tuple[ReplayBuffer, list[int], bool]]:
         *_buffer(n, RandomSampler(), sample_unit=Sequence(32, done_key=("next", "done"))),
         False,
     )
+    out["slice (fragmented)"] = (
+        *_buffer(n, SliceSampler(slice_len=32, traj_key="episode", fragmented=True), rows=_interleaved_rows),
+        False,
+    )
+    out["prio. slice fragm. + upd."] = (
+        *_buffer(
+            n,
+            PrioritizedSliceSampler(n, alpha=0.7, beta=0.5, slice_len=32, traj_key="episode", fragmented=True),
+            buffer_cls=TensorDictReplayBuffer,
+            rows=_interleaved_rows,
+        ),
+        True,
+    )
     return out
 
 
-def _draw(rb: ReplayBuffer, counter: list[int], update: bool, extend: bool) -> None:
+def _draw(rb: ReplayBuffer, counter: list, update: bool, extend: bool) -> None:
+    """One timed call; ``counter`` is ``[next row, rows function]``."""
     if extend:
-        rb.extend(_rows(counter[0], WRITE))
+        rb.extend(counter[1](counter[0], WRITE))
         counter[0] += WRITE
     if update:
         batch = rb.sample()
@@ -184,10 +229,18 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory for the dumps rows")
     args = parser.parse_args()
 
-    print(f"{'N':>6} | {'mode':<22} | {'sampler':<22} | {'ms/call':>8} | {'x uniform':>9}")
-    print("-" * 80)
-    for n, mode, name, ms, ratio in sampling_table(args.sizes, args.rounds, args.number):
-        print(f"{n:>6} | {mode:<22} | {name:<22} | {ms:8.3f} | {ratio:9.2f}")
+    print(f"{'N':>6} | {'mode':<26} | {'sampler':<26} | {'ms/call':>8} | {'x uniform':>9}")
+    print("-" * 88)
+    table = sampling_table(args.sizes, args.rounds, args.number)
+    for n, mode, name, ms, ratio in table:
+        print(f"{n:>6} | {mode:<26} | {name:<26} | {ms:8.3f} | {ratio:9.2f}")
+    print()
+    print(f"{'N':>6} | {'mode':<26} | {'fragmented sampler':<26} | {'ms/call':>8} | {'x contiguous':>12}")
+    print("-" * 90)
+    ms_of = {(n, mode, name): ms for n, mode, name, ms, _ in table}
+    for n, mode, name, ms, _ in table:
+        if name in FRAGMENTED:
+            print(f"{n:>6} | {mode:<26} | {name:<26} | {ms:8.3f} | {ms / ms_of[n, mode, FRAGMENTED[name]]:12.2f}")
     if args.dump_mb > 0:
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
             print()

@@ -26,6 +26,8 @@ _SLICE_DEFAULTS = {
     "end_key": None,
     "end_keys": None,
     "traj_key": None,
+    "step_key": "step_count",  # TorchRL main (fragmented trajectories), on every slice sampler here
+    "fragmented": False,
     "ends": None,
     "trajectories": None,
     "cache_values": False,
@@ -46,21 +48,21 @@ _SLICE_DEFAULTS = {
         (
             SliceSampler,
             [],
-            "num_slices slice_len end_key end_keys traj_key ends trajectories cache_values truncated_key "
-            "strict_length pad_output compile span use_gpu",
+            "num_slices slice_len end_key end_keys traj_key step_key fragmented ends trajectories cache_values "
+            "truncated_key strict_length pad_output compile span use_gpu",
         ),
         (
             SliceSamplerWithoutReplacement,
             [],
-            "num_slices slice_len drop_last end_key end_keys traj_key ends trajectories truncated_key "
-            "strict_length shuffle compile use_gpu",
+            "num_slices slice_len drop_last end_key end_keys traj_key step_key fragmented ends trajectories "
+            "truncated_key strict_length shuffle compile use_gpu",
         ),
         (
             PrioritizedSliceSampler,
             [(name, inspect.Parameter.empty) for name in ("max_capacity", "alpha", "beta")]
             + [("eps", 1e-8), ("dtype", torch.float), ("reduction", "max")],
-            "num_slices slice_len end_key end_keys traj_key ends trajectories cache_values truncated_key "
-            "strict_length compile span max_priority_within_buffer",
+            "num_slices slice_len end_key end_keys traj_key step_key fragmented ends trajectories cache_values "
+            "truncated_key strict_length compile span max_priority_within_buffer",
         ),
     ],
 )

@@ -26,6 +26,23 @@ SLICE_END_KEYS = TorchRLPhrase(
     "end_key and end_keys are mutually exclusive (got end_key={end_key!r}, end_keys={end_keys!r}). Pass one "
     "key with end_key, or several with end_keys.",
 )
+SLICE_FRAGMENTED_STEP_KEY = TorchRLPhrase(
+    ValueError,
+    "step_key must be provided when fragmented=True",
+    "step_key must be provided when fragmented=True: it names the entry holding each step's number within its "
+    "trajectory (got step_key=None). Pass step_key='step_count' (the default) or the entry your collector writes.",
+)
+SLICE_FRAGMENTED_SPAN = TorchRLPhrase(
+    NotImplementedError,
+    "span is not supported with fragmented=True",
+    "span is not supported with fragmented=True (got span={span!r}): windows lie inside runs of consecutive "
+    "steps. Pass span=False.",
+)
+SLICE_FRAGMENTED_COMPILE = TorchRLPhrase(
+    NotImplementedError,
+    "compile is not supported with fragmented=True",
+    "compile is not supported with fragmented=True (got compile={compile!r}). Pass compile=False.",
+)
 SLICE_PAD_STRICT = TorchRLPhrase(
     ValueError,
     "pad_output=True is incompatible",
@@ -111,6 +128,28 @@ def check_use_gpu(use_gpu) -> bool | torch.device:
     )
 
 
+def check_fragmented(fragmented, step_key, span, compile, ends, trajectories) -> None:
+    """``fragmented=True`` (interleaved trajectories): the arguments it refuses, as TorchRL refuses them."""
+    if not isinstance(fragmented, bool):
+        raise TypeError(
+            f"`fragmented` must be a bool, got {fragmented!r}. Pass fragmented=True for interleaved steps."
+        )
+    if not fragmented:
+        return
+    if step_key is None:
+        raise SLICE_FRAGMENTED_STEP_KEY.error()
+    if ends is not None or trajectories is not None:
+        name = "ends" if ends is not None else "trajectories"
+        raise ValueError(
+            f"`{name}` cannot be used with fragmented=True: interleaved trajectories are read from the stored "
+            f"`traj_key` and `step_key` entries. Leave `{name}` out."
+        )
+    if any(normalize_span(span)):
+        raise SLICE_FRAGMENTED_SPAN.error(span=span)
+    if compile:
+        raise SLICE_FRAGMENTED_COMPILE.error(compile=compile)
+
+
 @dataclass(frozen=True)
 class SliceArgs:
     """The validated slice arguments (see :class:`SliceSampler` for what each one means).
@@ -132,6 +171,8 @@ class SliceArgs:
     span: tuple
     compile: bool | dict
     use_gpu: bool | torch.device
+    fragmented: bool = False
+    step_key: Any = "step_count"
 
     @classmethod
     def from_arguments(cls, arguments: Mapping[str, Any], **fixed) -> SliceArgs:
@@ -163,8 +204,11 @@ class SliceArgs:
         compile: bool | dict = False,
         span: bool | int | tuple = False,
         use_gpu: bool | torch.device = False,
+        fragmented: bool = False,
+        step_key="step_count",
     ) -> SliceArgs:
         """Validates and normalizes the arguments of :class:`SliceSampler` (same names and defaults)."""
+        check_fragmented(fragmented, step_key, span, compile, ends, trajectories)
         if (num_slices is None) == (slice_len is None):
             raise TypeError(
                 f"Pass exactly one of `num_slices` and `slice_len`, got num_slices={num_slices!r} and "
@@ -207,4 +251,6 @@ class SliceArgs:
             # compile and use_gpu: accepted for TorchRL compatibility; no effect (see SliceSampler)
             compile=check_compile(compile),
             use_gpu=check_use_gpu(use_gpu),
+            fragmented=bool(fragmented),
+            step_key=None if step_key is None else normalize_key(step_key),
         )

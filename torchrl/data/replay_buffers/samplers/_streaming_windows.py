@@ -99,10 +99,19 @@ class WindowQueue:
         return rows, stamps
 
     # -- cutting -------------------------------------------------------------------------------------------------
-    def cut(self, key, rows: torch.Tensor, stamps: torch.Tensor, done: torch.Tensor) -> list[tuple]:
+    def cut(
+        self,
+        key,
+        rows: torch.Tensor,
+        stamps: torch.Tensor,
+        done: torch.Tensor,
+        *,
+        close_pending: bool = False,
+    ) -> list[tuple]:
         """Cuts one trajectory stream (its pending rows, then ``rows``) into windows.
 
-        ``done[i]`` ends the trajectory at ``rows[i]``. Returns the new windows as ``(rows [W, L], stamps
+        ``done[i]`` ends the trajectory at ``rows[i]``; ``close_pending`` ends it at the last pending row (a step
+        missing between it and ``rows[0]``: interleaved trajectories). Returns the new windows as ``(rows [W, L], stamps
         [W, L], lengths [W])`` parts (not queued yet: :meth:`push` sorts and queues them); the rows after the
         last full window of the open trajectory become the pending rows of ``key``.
         """
@@ -112,6 +121,7 @@ class WindowQueue:
             if bool((self.slot_stamp[p_rows] == p_stamps).all()):  # else: overwritten, the gap splits it
                 rows, stamps = torch.cat([p_rows, rows]), torch.cat([p_stamps, stamps])
                 done = torch.cat([torch.zeros(p_rows.numel(), dtype=torch.bool), done])
+                done[p_rows.numel() - 1] = close_pending
         m, length = rows.numel(), self.slice_len
         if m == 0:
             return []

@@ -7,7 +7,8 @@ the steps that can start a slice. Instead of a cumulative sum over those steps (
 are drawn from the whole priority tree (``O(log N)`` each) and a draw that lands on a step that cannot start a
 slice is drawn again: the draws kept have exactly that distribution. Whether a step can start a slice comes
 from the trajectory index (the live one of :class:`SliceSampler`, NOTE [live trajectory index]: a binary
-search among the trajectory ends; otherwise a table of the start cells, cached with the boundaries). The first
+search among the trajectory ends; with ``fragmented=True`` the interleaved index, NOTE [interleaved runs index]:
+binary searches for the step's run; otherwise a table of the start cells, cached with the boundaries). The first
 round draws ``1.5 * num_slices + 8`` starts, the next ones as many as the acceptance seen so far needs; after
 ``_ROUNDS`` rounds (most of the priority mass on steps that cannot start a slice) the slices still missing are
 drawn from the cumulative sum. The draws are a function of the generator state and of the content, the same
@@ -25,6 +26,7 @@ from tensordict import NestedKey
 from torchrl.data.replay_buffers.samplers._slice_args import SliceArgs
 from torchrl.data.replay_buffers.samplers.prioritized import PrioritizedSampler
 from torchrl.data.replay_buffers.samplers.slice import _BELOW_ONE, SliceSampler, _Boundaries, _Eligible
+from torchrl.data.replay_buffers.trajectories.interleaved import RunTrajectories
 
 _ROUNDS = 4  # rounds of draws from the whole tree before the slices still missing are drawn exactly
 _MIN_RATE = 1.0 / 64  # the acceptance a round is sized for, at worst
@@ -63,6 +65,9 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         num_slices, slice_len, end_key, end_keys, traj_key, ends, trajectories, cache_values,
             truncated_key, strict_length: as in :class:`SliceSampler` (``info`` holds the same entries,
             ``"is_init"`` included).
+        step_key, fragmented: interleaved trajectories, as in :class:`SliceSampler` (TorchRL refuses them here): a
+            slice starts at a stored step drawn by priority among those followed by ``slice_len - 1`` consecutive
+            steps of their trajectory, wherever they are stored. Defaults to ``"step_count"`` and ``False``.
         compile (bool or dict): accepted for compatibility with TorchRL, without effect, as in
             :class:`SliceSampler`. Defaults to ``False``.
         span (bool, int or (left, right)): as in :class:`SliceSampler`, but only the right side is used: a
@@ -113,6 +118,8 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         end_key: NestedKey | None = None,
         end_keys: list[NestedKey] | None = None,
         traj_key: NestedKey | None = None,
+        step_key: NestedKey | None = "step_count",
+        fragmented: bool = False,
         ends: torch.Tensor | None = None,
         trajectories: torch.Tensor | None = None,
         cache_values: bool = False,
@@ -168,7 +175,8 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
             flat = torch.from_numpy(starts[traj] + offsets).to(index.starts.device)
             cells = index.storage_index(flat)[1].cpu().numpy()
             table = (cells, traj, offsets, starts, lengths)
-            if bounds.live is None:  # with the live index only the exact fallback needs it: not kept (memory)
+            # with an incremental index (live, interleaved) only the exact fallback needs it: not kept (memory)
+            if bounds.live is None and not isinstance(index, RunTrajectories):
                 bounds.extra[key] = table
         return table
 
@@ -185,6 +193,14 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
                 ok |= unrolled == start  # a trajectory's first step starts a (shorter) slice
             ok &= cells < n_rows
             return ok, start, last - start + 1, unrolled - start
+        if isinstance(bounds.index, RunTrajectories):  # fragmented: the run of each cell by binary searches
+            runs = bounds.index.runs
+            live, run, offset = runs.locate(cells)
+            length = runs.run_length.numpy()[run]
+            ok = live & (length - offset >= self._need(slice_len))
+            if not self.strict_length:
+                ok |= live & (offset == 0)
+            return ok, runs.run_start.numpy()[run], length, offset
         position = bounds.extra.get(("prioritized_positions", slice_len))
         table = self._start_table(bounds, slice_len)
         if position is None:  # tree position -> its row of the start table, -1 where no slice starts

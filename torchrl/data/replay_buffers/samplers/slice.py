@@ -67,6 +67,7 @@ from torchrl.data.replay_buffers.trajectories.columns import (
 )
 from torchrl.data.replay_buffers.trajectories.dense_index import DenseEligible, DenseTrajectories
 from torchrl.data.replay_buffers.trajectories.ends import find_trajectories, format_lengths
+from torchrl.data.replay_buffers.trajectories.interleaved import InterleavedRuns
 from torchrl.data.replay_buffers.trajectories.keys import DONE_KEY, sibling_key, trajectory_keys
 from torchrl.data.replay_buffers.trajectories.layout import TrajectoryIndex, ring_layout
 from torchrl.data.replay_buffers.trajectories.live_index import (
@@ -195,9 +196,11 @@ class _Boundaries:
         key = self.flag_keys.get(name)
         if key is None:
             return None
-        column = self.storage.get_entry(key)
+        column = self.storage.get_entry(key) if hasattr(self.storage, "get_entry") else None
         if column is None or column.device.type != "cpu":
             return flags_at(self.storage, [key], cells, who="SliceSampler")
+        if self.storage.ndim == 2:  # cells are row-major positions (interleaved runs)
+            column = column.flatten(0, 1)
         values = column.index_select(0, cells).reshape(cells.numel(), -1)  # one gather, as the stored column
         flags = values if values.dtype == torch.bool else values != 0
         return flags if flags.shape[1] == 1 else flags.any(-1, keepdim=True)
@@ -255,6 +258,13 @@ class SliceSampler(Sampler):
             (``("next", "done")`` if none is given), end keys none of which is stored to trajectory ids
             (``traj_key``, or the probed ``("collector", "traj_ids")`` and ``"episode"``).
             Defaults to ``None``.
+        step_key (NestedKey): with ``fragmented=True``, the entry holding each step's number in its trajectory.
+            Defaults to ``"step_count"``.
+        fragmented (bool): steps of several trajectories interleaved (envs or collectors writing step by step):
+            trajectories come from ``traj_key`` (probed as above; done flags alone are refused) and ``step_key``, a
+            missing step ends a run as a trajectory end does, and slices are drawn from runs as from trajectories,
+            wherever their steps lie (NOTE [interleaved runs index] in ``trajectories/interleaved.py``). Excludes
+            ``span``, ``compile`` and ``ends``/``trajectories``, as in TorchRL. Defaults to ``False``.
         ends (Tensor, optional): static done flags, one per stored step in storage order, for data that is
             not written any more. Needs ``cache_values=True``; excludes the key arguments.
             Defaults to ``None``.
@@ -351,6 +361,9 @@ class SliceSampler(Sampler):
     # the last dense index (NOTE [dense trajectory index]): (storage, revision, appended rows, index, source)
     _dense_label: tuple | None = None
     _multiplier = 1
+    fragmented = False  # (class defaults: samplers pickled before these arguments load)
+    step_key: NestedKey | None = "step_count"
+    _runs: InterleavedRuns | None = None
 
     def __init__(
         self,
@@ -360,6 +373,8 @@ class SliceSampler(Sampler):
         end_key: NestedKey | None = None,
         end_keys: list[NestedKey] | None = None,
         traj_key: NestedKey | None = None,
+        step_key: NestedKey | None = "step_count",
+        fragmented: bool = False,
         ends: torch.Tensor | None = None,
         trajectories: torch.Tensor | None = None,
         cache_values: bool = False,
@@ -384,6 +399,8 @@ class SliceSampler(Sampler):
         self.span = args.span
         self.compile = args.compile  # accepted for TorchRL compatibility; no effect (see docstring)
         self.use_gpu = args.use_gpu  # idem
+        self.fragmented, self.step_key = args.fragmented, args.step_key
+        self._runs = None  # fragmented: NOTE [interleaved runs index]; per process, never pickled
         self._cache: _Boundaries | None = None
         self._revision_bounds: tuple[weakref.ref, _Boundaries] | None = None  # (storage, its boundaries)
         self._bounds_until_write: tuple[weakref.ref, int, _Boundaries] | None = None
@@ -467,6 +484,8 @@ class SliceSampler(Sampler):
         """The trajectories of ``storage``, from the cache when it is still valid."""
         if not getattr(storage, "stable_items", True):  # e.g. a DatasetStorage: no trajectory to index
             raise unstable_items_error(self, storage)
+        if self.fragmented:
+            return self._fragmented_boundaries(storage)
         if self._static is None:  # the trajectories are read from the stored entries
             _check_tensordict_storage(self, storage)
         if not getattr(storage, "compilable", False):
@@ -543,6 +562,30 @@ class SliceSampler(Sampler):
         """Whether draws use the incremental index on storages that support it (subclasses may opt out)."""
         return True
 
+    def _fragmented_boundaries(self, storage) -> _Boundaries:
+        """Interleaved runs as trajectories in sorted positions (NOTE [interleaved runs index])."""
+        check_not_empty(storage)
+        runs = self._runs = self._runs or InterleavedRuns(self.traj_key, self.step_key)
+        runs.refresh(storage)  # the traj_key probed is exposed and kept, as TorchRL does:
+        self.traj_key, key, bounds = runs.traj_key, ("fragmented", id(runs), runs.version), self._live_bounds
+        if bounds is None or bounds.key != key or bounds.storage is not storage:
+            bounds = _Boundaries(key, runs.as_trajectories(), None, None, None, storage=storage)
+            bounds.flag_keys, self._live_bounds = self._flag_keys(storage), bounds
+        return bounds
+
+    def _flag_keys(self, storage) -> dict:
+        """``"done"``/``"terminated"``/``"is_init"`` -> the stored entry the info flags are read from."""
+        flag_keys = {}
+        if self.truncated_key is not None:
+            done_key, terminated_key = self._info_keys()
+            if has_key(storage, done_key):
+                flag_keys["done"] = done_key
+            if has_key(storage, terminated_key):
+                flag_keys["terminated"] = terminated_key
+        if has_key(storage, self._init_key()):
+            flag_keys["is_init"] = self._init_key()
+        return flag_keys
+
     def _live_boundaries(self, storage) -> _Boundaries | None:
         """The boundaries from the incremental index, or ``None`` when the storage layout needs a full read."""
         source, is_done = self._resolve_source(storage)
@@ -559,15 +602,7 @@ class SliceSampler(Sampler):
             if self.cache_values:
                 self._cache = bounds
             return bounds
-        flag_keys = {}
-        if self.truncated_key is not None:
-            done_key, terminated_key = self._info_keys()
-            if has_key(storage, done_key):
-                flag_keys["done"] = done_key
-            if has_key(storage, terminated_key):
-                flag_keys["terminated"] = terminated_key
-        if has_key(storage, self._init_key()):
-            flag_keys["is_init"] = self._init_key()
+        flag_keys = self._flag_keys(storage)
         bounds = _Boundaries(
             key=key,
             index=LiveTrajectoryIndex(index),
@@ -726,8 +761,9 @@ class SliceSampler(Sampler):
         bounds.eligible[slice_len] = elig
         return elig
 
-    @staticmethod
-    def _raise_too_short(lengths: torch.Tensor, slice_len: int):
+    def _raise_too_short(self, lengths: torch.Tensor, slice_len: int):
+        if self.fragmented:
+            raise self._runs.too_short(slice_len)
         raise RuntimeError(
             f"No trajectory is long enough for slices of `slice_len`={slice_len} with "
             f"strict_length=True: the storage holds {lengths.numel()} trajectories of lengths "
@@ -858,8 +894,9 @@ class SliceSampler(Sampler):
     def _empty(self) -> None:
         Sampler._empty(self)  # not super(): subclasses call each base explicitly
         self._revision_bounds = self._bounds_until_write = self._dense_label = None
-        if self._live is not None:
-            self._live.reset()
+        for index in (self._live, self._runs):
+            if index is not None:
+                index.reset()
 
     def _forget_derived(self) -> None:
         # every write notification (add, extend, mark_update) and empty pass here: counted for compilable storages
@@ -871,6 +908,7 @@ class SliceSampler(Sampler):
         # per process: a copy builds its own from its storage
         for name in ("_live", "_live_bounds", "_revision_bounds", "_bounds_until_write", "_dense_label"):
             state[name] = None
+        state["_runs"] = None  # fragmented: NOTE [interleaved runs index]
         return state
 
     @property
@@ -896,8 +934,9 @@ class SliceSampler(Sampler):
             >>> sampler.trajectory_index_stats
             {'rebuilds': 1, 'catch_ups': 1}
         """
-        live = self._live
-        return {"rebuilds": 0 if live is None else live.rebuilds, "catch_ups": 0 if live is None else live.catch_ups}
+        live = self._runs if self.fragmented else self._live
+        none = live is None
+        return {"rebuilds": 0 if none else live.rebuilds, "catch_ups": 0 if none else live.catch_ups}
 
     def can_sample(self, storage, batch_size: int) -> bool:
         """Whether :meth:`sample` can draw a batch of ``batch_size`` from ``storage`` now.
@@ -955,6 +994,8 @@ class SliceSampler(Sampler):
             f"span={self.span}",
             f"cache_values={self.cache_values}",
         ]
+        if self.fragmented:
+            fields += ["fragmented=True", f"step_key={self.step_key!r}"]
         compat = (("compile", self.compile), ("use_gpu", self.use_gpu))  # shown when set
         return fields + [f"{name}={value!r}" for name, value in compat if value is not False]
 

@@ -33,8 +33,9 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         slice_len (int, optional): steps per slice.
         drop_last (bool): drop the last batch of an epoch when fewer than ``num_slices`` trajectories are
             left; ``False`` returns it with fewer slices. Defaults to ``False``.
-        end_key, end_keys, traj_key, ends, trajectories, truncated_key, strict_length: as in
-            :class:`SliceSampler`.
+        end_key, end_keys, traj_key, step_key, fragmented, ends, trajectories, truncated_key, strict_length: as in
+            :class:`SliceSampler`. With ``fragmented=True`` (interleaved trajectories; TorchRL refuses it here), an
+            epoch visits every run of consecutive steps long enough for a slice once.
         shuffle (bool): ``False`` visits trajectories in storage order (oldest first). Defaults to ``True``.
         compile, use_gpu: accepted for compatibility with TorchRL, without effect, as in
             :class:`SliceSampler`.
@@ -73,6 +74,8 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         end_key: NestedKey | None = None,
         end_keys: list[NestedKey] | None = None,
         traj_key: NestedKey | None = None,
+        step_key: NestedKey | None = "step_count",
+        fragmented: bool = False,
         ends: torch.Tensor | None = None,
         trajectories: torch.Tensor | None = None,
         truncated_key: NestedKey | None = ("next", "truncated"),

@@ -20,6 +20,7 @@ from torchrl.data.replay_buffers.samplers._streaming_windows import WindowQueue
 from torchrl.data.replay_buffers.samplers.base import check_not_empty
 from torchrl.data.replay_buffers.samplers.slice import SliceSampler, _check_tensordict_storage
 from torchrl.data.replay_buffers.trajectories.columns import flags_at, has_key, values_at
+from torchrl.data.replay_buffers.trajectories.interleaved import entry_values, resolve_traj_key
 from torchrl.data.replay_buffers.trajectories.keys import DONE_KEY, normalize_key
 
 _MASK_KEY = ("collector", "mask")
@@ -56,6 +57,9 @@ class StreamingSliceSampler(SliceSampler):
 
     Keyword Args:
         slice_len (int): steps per slice (window); ``batch_size`` must be a multiple of it.
+        step_key, fragmented: interleaved trajectories, as in :class:`SliceSampler`: the new steps of each
+            trajectory id are cut in ``step_key`` order, and a missing step ends a window as a done flag does
+            (TorchRL has no such option here). Defaults to ``"step_count"`` and ``False``.
         end_key, end_keys, traj_key: where trajectories come from, as in :class:`SliceSampler` (the same
             defaults and fallbacks), plus the done flags that end a trajectory given by ids (see above).
         cache_values (bool): keep the trajectory boundaries of the uniform fallback between calls, until the
@@ -107,6 +111,8 @@ class StreamingSliceSampler(SliceSampler):
         end_key: NestedKey | None = None,
         end_keys: list[NestedKey] | None = None,
         traj_key: NestedKey | None = None,
+        step_key: NestedKey | None = "step_count",
+        fragmented: bool = False,
         cache_values: bool = False,
         truncated_key: NestedKey | None = ("next", "truncated"),
         init_key: NestedKey = "is_init",
@@ -151,11 +157,29 @@ class StreamingSliceSampler(SliceSampler):
 
     def _stream_keys(self, storage) -> tuple[Any, list]:
         """``(trajectory id key or None, done keys present)``: how written steps are grouped and cut."""
-        source, is_done = self._resolve_source(storage)
+        # fragmented: ids are required (TorchRL's probe), done flags alone cannot order interleaved steps
+        if self.fragmented:
+            source, is_done = (resolve_traj_key(storage, self.traj_key),), False
+        else:
+            source, is_done = self._resolve_source(storage)
         if is_done:
             return None, list(source)
         ends = self.end_keys or ((self.end_key,) if self.end_key is not None else (DONE_KEY,))
         return source[0], [key for key in ends if has_key(storage, key)]
+
+    def _cut(self, storage, key, rows, stamps, done, steps) -> list[tuple]:
+        """Cuts the new steps of one trajectory; with ``fragmented=True`` in step order, a missing step (within
+        the new steps, or between the pending ones and them) ending a window as a done flag does."""
+        if steps is None:
+            return self._queue.cut(key, rows, stamps, done)
+        order = torch.argsort(steps, stable=True)
+        rows, stamps, done, steps = rows[order], stamps[order], done[order], steps[order]
+        done = done.clone()
+        done[:-1] |= steps[1:] != steps[:-1] + 1
+        held = self._queue.pending.get(key)
+        last = None if held is None else values_at(storage, self.step_key, held[0][-1:], who=_WHO)
+        gap = last is not None and int(last.reshape(-1)[0]) + 1 != int(steps[0])
+        return self._queue.cut(key, rows, stamps, done, close_pending=gap)
 
     def _cut_log(self, storage) -> None:
         """Cuts the steps written since the last sample into windows (see the module data model)."""
@@ -180,19 +204,26 @@ class StreamingSliceSampler(SliceSampler):
                     f"The trajectory ids {id_key!r} have shape {[rows.numel(), *ids.shape[1:]]}: pass one scalar "
                     f"id per step."
                 )
+        steps = None
+        if self.fragmented:  # checked as the uniform fallback checks them
+            ids = torch.from_numpy(entry_values(ids, id_key, rows.numel())).unsqueeze(-1)
+            steps = values_at(storage, self.step_key, rows, who=_WHO)
+            steps = torch.from_numpy(entry_values(steps, self.step_key, rows.numel()))
         queue.take_log()
         if id_key is None:
             queue.push(queue.cut(None, rows, stamps, done))
             return
         keys, inverse = torch.unique(ids.squeeze(-1).cpu(), return_inverse=True)
         if keys.numel() == 1:
-            queue.push(queue.cut(keys.item(), rows, stamps, done))
+            queue.push(self._cut(storage, keys.item(), rows, stamps, done, steps))
             return
         order = torch.argsort(inverse, stable=True)
         counts = torch.bincount(inverse, minlength=keys.numel()).tolist()
         parts = []
         for key, chunk in zip(keys.tolist(), order.split(counts)):
-            parts += queue.cut(key, rows[chunk], stamps[chunk], done[chunk])
+            parts += self._cut(
+                storage, key, rows[chunk], stamps[chunk], done[chunk], None if steps is None else steps[chunk]
+            )
         queue.push(parts)
 
     # -- sampling ----------------------------------------------------------------------------------------------

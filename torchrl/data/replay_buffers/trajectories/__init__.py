@@ -11,6 +11,8 @@
   append counters (``sync``).
 - The dense index: the trajectories of a storage on an accelerator as fixed-shape tensors, found after a write
   without reading a number back (``dense_index``).
+- The interleaved index: trajectories whose steps are interleaved with others' (several envs or collectors writing
+  step by step), found by trajectory id and step counter as runs of consecutive steps (``interleaved``).
 
 Slice samplers, the ``Sequence`` and ``FrameStack`` sample units, HER, trajectory queries and the HF layouts stand
 on it; it imports storages and the bottom packages only.

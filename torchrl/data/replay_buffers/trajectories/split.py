@@ -17,6 +17,12 @@ from tensordict import TensorDictBase, unravel_key
 from torchrl._phrases import TorchRLPhrase
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
 from torchrl.data.replay_buffers.trajectories.ends import time_ordered_runs
+from torchrl.data.replay_buffers.trajectories.interleaved import (
+    FRAGMENTED_DUPLICATE,
+    FRAGMENTED_NEGATIVE_STEP,
+    FRAGMENTED_NO_TRAJ,
+    entry_values,
+)
 from torchrl.data.replay_buffers.trajectories.keys import END_FLAG_NAMES, TRAJECTORY_KEYS
 
 QUERY_END_FLAGS = TorchRLPhrase(
@@ -140,3 +146,149 @@ def signal_keys(storage, trajectory_key=None) -> set | None:
     flags = {("next", n) for n in END_FLAG_NAMES} | set(END_FLAG_NAMES)
     found = {k for k in flags if isinstance(storage.get_entry(k), torch.Tensor)}
     return found or None
+
+
+# -- interleaved (fragmented) trajectories -------------------------------------------------------------------------
+# The checks of the stored ids and steps are those of the interleaved-runs index (its phrase constants and
+# entry_values), so a query and a fragmented sampler refuse the same data with the same messages.
+QUERY_FRAGMENTED_STEP_KEY = TorchRLPhrase(
+    ValueError,
+    "step_key must be provided when fragmented=True",
+    "step_key must be provided when fragmented=True: a trajectory query orders each trajectory's interleaved steps "
+    "by it (got step_key=None). Pass step_key='step_count' (the default) or the entry your collector writes.",
+)
+
+
+def fragmented_signal(data: TensorDictBase, trajectory_key=None, step_key="step_count"):
+    """``(ids, steps)`` per step of ``data`` (shape ``data.batch_size``), for interleaved trajectories.
+
+    The trajectory id is read from ``trajectory_key``, else from the first of ``("collector", "traj_ids")``,
+    ``"traj_ids"``, ``"episode"`` found (the query probe; end-of-episode flags cannot say which trajectory an
+    interleaved step belongs to: TorchRL's ``RuntimeError``); the step number from ``step_key``. Both must hold
+    one integer per step (checked as the interleaved-runs index checks them), steps ``>= 0``.
+
+    Args:
+        data (TensorDictBase): the transitions.
+        trajectory_key (NestedKey, optional): the entry holding trajectory ids. Defaults to ``None``.
+        step_key (NestedKey): the entry holding each step's number in its trajectory. Defaults to
+            ``"step_count"``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> data = TensorDict(episode=torch.tensor([0, 1, 0]), step_count=torch.tensor([0, 0, 1]), batch_size=[3])
+        >>> fragmented_signal(data)
+        (tensor([0, 1, 0]), tensor([0, 0, 1]))
+    """
+    traj_key, step_key = _fragmented_entries(data, trajectory_key, step_key)
+    count = data.batch_size.numel()
+    ids = torch.from_numpy(entry_values(data.get(traj_key), traj_key, count)).reshape(data.batch_size)
+    steps = torch.from_numpy(entry_values(data.get(step_key), step_key, count)).reshape(data.batch_size)
+    if steps.numel() and bool((steps < 0).any()):
+        raise FRAGMENTED_NEGATIVE_STEP.error(key=step_key, value=int(steps.min()))
+    return ids, steps
+
+
+def _fragmented_entries(data: TensorDictBase, trajectory_key, step_key) -> tuple:
+    """The trajectory-id and step entries of ``data`` (``(traj_key, step_key)``), checked to be there."""
+    if step_key is None:
+        raise QUERY_FRAGMENTED_STEP_KEY.error()
+    keys = set(data.keys(include_nested=True, leaves_only=True))
+    if trajectory_key is not None:
+        traj_key = unravel_key(trajectory_key)
+        if traj_key not in keys:
+            raise KeyError(
+                f"trajectory_key {traj_key!r} not found in data. The data holds {sorted(data.keys(), key=str)}."
+            )
+    else:
+        traj_key = next((k for k in TRAJECTORY_KEYS if k in keys), None)
+        if traj_key is None:
+            raise FRAGMENTED_NO_TRAJ.error(tried=list(TRAJECTORY_KEYS))
+    step_key = unravel_key(step_key)
+    if step_key not in keys:
+        raise KeyError(
+            f"step_key {step_key!r} not found in data: fragmented=True orders each trajectory's steps by it. The "
+            f"data holds {sorted(data.keys(), key=str)}; pass step_key= naming the step counter."
+        )
+    return traj_key, step_key
+
+
+def fragmented_split(data: TensorDictBase, trajectory_key=None, step_key="step_count") -> tuple:
+    """``(order, starts, lengths)`` of the interleaved trajectories of ``data`` (one batch dim): the entries of
+    :func:`fragmented_signal`, split by :func:`fragmented_runs`.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> data = TensorDict(episode=torch.tensor([0, 1, 0]), step_count=torch.tensor([0, 0, 1]), batch_size=[3])
+        >>> fragmented_split(data)
+        (tensor([0, 2, 1]), tensor([0, 2]), tensor([2, 1]))
+    """
+    ids, steps = fragmented_signal(data, trajectory_key, step_key)
+    traj_key, step_key = _fragmented_entries(data, trajectory_key, step_key)
+    return fragmented_runs(ids, steps, traj_key=traj_key, step_key=step_key)
+
+
+def fragmented_runs(
+    ids: torch.Tensor, steps: torch.Tensor, *, traj_key="traj_ids", step_key="step_count"
+) -> tuple:
+    """``(order, starts, lengths)``: the runs of interleaved trajectories, each gathered in step order.
+
+    ``data[order]`` lays each trajectory's steps side by side, sorted by step; a *run* is a maximal stretch of
+    consecutive steps of one trajectory id (a missing step ends one, as a trajectory end does). Run ``r`` is
+    ``data[order][starts[r] : starts[r] + lengths[r]]``; runs are listed by the position of their earliest written
+    step (oldest first). Duplicate ``(id, step)`` pairs raise TorchRL's ``RuntimeError`` (duplicate records).
+
+    Args:
+        ids (Tensor): the trajectory id of each step, ``[n]``, in write order.
+        steps (Tensor): the step number of each step, ``[n]``.
+
+    Keyword Args:
+        traj_key, step_key (NestedKey): the names shown in errors. Default to ``"traj_ids"``, ``"step_count"``.
+
+    Examples:
+        >>> import torch
+        >>> ids, steps = torch.tensor([0, 1, 0, 1, 0]), torch.tensor([0, 0, 1, 1, 3])
+        >>> fragmented_runs(ids, steps)  # trajectory 0 misses step 2: two runs
+        (tensor([0, 2, 4, 1, 3]), tensor([0, 3, 2]), tensor([2, 2, 1]))
+    """
+    ids, steps = ids.reshape(-1), steps.reshape(-1)
+    n = ids.numel()
+    if not n:
+        empty = torch.zeros(0, dtype=torch.long)
+        return empty, empty, empty
+    by_step = torch.argsort(steps, stable=True)
+    order = by_step[torch.argsort(ids[by_step], stable=True)]
+    sid, sstep = ids[order], steps[order]
+    same_traj = sid[1:] == sid[:-1]
+    duplicate = same_traj & (sstep[1:] == sstep[:-1])
+    if bool(duplicate.any()):
+        at = int(duplicate.nonzero()[0, 0])
+        raise FRAGMENTED_DUPLICATE.error(
+            traj=int(sid[at]), step=int(sstep[at]), traj_key=traj_key, step_key=step_key
+        )
+    new_run = torch.ones(n, dtype=torch.bool)
+    new_run[1:] = ~(same_traj & (sstep[1:] == sstep[:-1] + 1))
+    starts = new_run.nonzero().squeeze(-1)
+    lengths = torch.diff(starts, append=torch.tensor([n]))
+    run_of = torch.cumsum(new_run.long(), 0) - 1
+    earliest = torch.full((starts.numel(),), n, dtype=torch.long)
+    earliest = earliest.scatter_reduce(0, run_of, order, reduce="amin")
+    oldest_first = torch.argsort(earliest, stable=True)
+    return order, starts[oldest_first], lengths[oldest_first]
+
+
+def fragmented_keys(storage, trajectory_key=None, step_key="step_count") -> set | None:
+    """The stored entries :func:`fragmented_signal` reads from a tensor storage: the trajectory id and ``step_key``.
+
+    ``None`` (read them from the data, which raises the errors) for a storage that is not a
+    :class:`~torchrl.data.TensorStorage`, or when an entry is not stored.
+    """
+    if not isinstance(storage, TensorStorage) or step_key is None:
+        return None
+    candidates = [unravel_key(trajectory_key)] if trajectory_key is not None else list(TRAJECTORY_KEYS)
+    found = next((k for k in candidates if isinstance(storage.get_entry(k), torch.Tensor)), None)
+    step_key = unravel_key(step_key)
+    if found is None or not isinstance(storage.get_entry(step_key), torch.Tensor):
+        return None
+    return {found, step_key}
