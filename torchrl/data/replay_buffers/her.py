@@ -7,7 +7,9 @@ step meets the oldest). Positions are *unrolled* (``u = (row - offset) % n``, ``
 every episode is one run ``[start, end]`` of unrolled positions, including the one written across the physical
 end of the ring. Sampling relabels the head of each batch: the goal of a sampled step ``t`` is replaced by the
 stored ``achieved_goal_key`` value of a step of the same episode chosen by the :class:`HindsightStrategy`, and
-the reward is recomputed by ``reward_fn``.
+the reward is recomputed by ``reward_fn``. With ``fragmented=True`` (steps of several trajectories interleaved), an
+episode is instead a run of consecutive steps of one trajectory id, ordered by step number (NOTE [interleaved runs
+index] in ``trajectories/interleaved.py``), and goals are drawn among the run's positions.
 """
 
 from __future__ import annotations
@@ -23,14 +25,17 @@ import torch
 from tensordict import TensorDictBase, unravel_key
 
 from torchrl._phrases import TorchRLPhrase
+from torchrl._validation import check_bool
 from torchrl.data.replay_buffers._checkpoint.parts import PartContext
 from torchrl.data.replay_buffers.errors import CheckpointError
 from torchrl.data.replay_buffers.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
+from torchrl.data.replay_buffers.samplers._slice_args import SLICE_FRAGMENTED_STEP_KEY
 from torchrl.data.replay_buffers.storages import ListStorage, TensorStorage
 from torchrl.data.replay_buffers.trajectories.columns import column_or_none
 from torchrl.data.replay_buffers.trajectories.ends import find_trajectories
 from torchrl.data.replay_buffers.trajectories.layout import newest_row, oldest_row
+from torchrl.data.replay_buffers.trajectories.run_positions import RunPositions
 
 HER_RATIO_RANGE = TorchRLPhrase(
     ValueError,
@@ -161,6 +166,16 @@ class HERReplayBuffer(TensorDictReplayBuffer):
             as in TorchRL (a batch of 1 at ``her_ratio=0.8`` is never relabelled), or ``"stochastic"``, that count
             plus one with the probability of the fractional part (the expected fraction is ``her_ratio`` for any
             ``B``; drawn from the buffer's generator). Defaults to ``"floor"``.
+        fragmented (bool): the steps of several trajectories are interleaved in the storage (vectorised envs or
+            collectors writing step by step): a sampled step's episode is its run of consecutive steps of one
+            trajectory (``traj_key``, ordered by ``step_key``; a missing step ends a run as an episode end does), and
+            goals are drawn in step order within it, wherever its steps are stored. ``end_key`` plays no role then.
+            The keywords of ``SliceSampler(fragmented=True)``, which TorchRL's ``HERReplayBuffer`` does not take:
+            issue 41 adds them. Defaults to ``False``.
+        step_key (NestedKey): with ``fragmented=True``, the stored per-step step number. Defaults to
+            ``"step_count"``.
+        traj_key (NestedKey, optional): with ``fragmented=True``, the stored per-step trajectory id. Defaults to
+            ``None``: the storage's ``("collector", "traj_ids")``, else ``"episode"``.
         **kwargs: the other arguments of :class:`TensorDictReplayBuffer` (``storage``, ``batch_size``,
             ``transform``, ``generator``, ...). The storage must be 1-D: ``sample()`` raises
             ``NotImplementedError`` for another (as in TorchRL, the check is made when sampling).
@@ -204,6 +219,9 @@ class HERReplayBuffer(TensorDictReplayBuffer):
         end_key=("next", "done"),
         sampler: Sampler | None = None,
         relabel_rounding: str = "floor",
+        fragmented: bool = False,
+        step_key="step_count",
+        traj_key=None,
         **kwargs,
     ) -> None:
         if relabel_rounding not in ("floor", "stochastic"):
@@ -218,6 +236,11 @@ class HERReplayBuffer(TensorDictReplayBuffer):
             )
         her_ratio = _her_ratio(her_ratio)
         strategy = _strategy(strategy)
+        fragmented = check_bool("fragmented", fragmented, hint="Pass fragmented=True for interleaved steps.")
+        if fragmented and step_key is None:
+            raise SLICE_FRAGMENTED_STEP_KEY.error()
+        step_key = None if step_key is None else _key("step_key", step_key)
+        traj_key = None if traj_key is None else _key("traj_key", traj_key)
         keys = {name: _key(name, value) for name, value in (
             ("goal_key", goal_key), ("achieved_goal_key", achieved_goal_key), ("reward_key", reward_key),
             ("end_key", end_key))}  # fmt: skip
@@ -229,6 +252,9 @@ class HERReplayBuffer(TensorDictReplayBuffer):
         self.achieved_goal_key = keys["achieved_goal_key"]
         self.reward_key = keys["reward_key"]
         self.end_key = keys["end_key"]
+        self.fragmented = fragmented
+        self.step_key, self.traj_key = step_key, traj_key
+        self._runs = RunPositions(traj_key, step_key) if fragmented else None
         self._episode_ends_cache: torch.Tensor | None = None
         self._unrolled_ends: torch.Tensor | None = None
         self._last_cache_key: tuple | None = None
@@ -275,11 +301,14 @@ class HERReplayBuffer(TensorDictReplayBuffer):
         if n_her == 0:
             return
         with self._replay_lock:
-            ends, offset, n = self._episode_layout(storage)
-            if not ends.numel():
-                return
             rows = index[:n_her].to("cpu", torch.long)
-            source = self._goal_sources(rows, ends, offset, n)
+            if self.fragmented:
+                source = self._run_goal_sources(storage, rows)
+            else:
+                ends, offset, n = self._episode_layout(storage)
+                if not ends.numel():
+                    return
+                source = self._goal_sources(rows, ends, offset, n)
             goals = self._stored_goals(storage, source)
         self._write_goals(data, n_her, goals)
 
@@ -321,6 +350,23 @@ class HERReplayBuffer(TensorDictReplayBuffer):
             span = end - low + 1
             source = low + torch.minimum(torch.floor(self._uniform(rows.shape) * span).long(), span - 1)
         return (source + offset) % n
+
+    def _run_goal_sources(self, storage, rows: torch.Tensor) -> torch.Tensor:
+        """``fragmented=True``: :meth:`_goal_sources` within each sampled step's run of consecutive steps, found in
+        the interleaved index (:class:`~torchrl.data.replay_buffers.trajectories.run_positions.RunPositions`)."""
+        lookup = self._runs
+        lookup.refresh(storage)
+        if self.strategy is HindsightStrategy.RANDOM:
+            n = len(storage)
+            return torch.floor(self._uniform(rows.shape) * n).long().clamp_(max=n - 1)
+        position, first, last = lookup.locate(rows)
+        if self.strategy is HindsightStrategy.FINAL:
+            source = last
+        else:
+            low = position if self.strategy is HindsightStrategy.FUTURE else first
+            span = last - low + 1
+            source = low + torch.minimum(torch.floor(self._uniform(rows.shape) * span).long(), span - 1)
+        return lookup.cells(source)
 
     def _stored_goals(self, storage, rows: torch.Tensor) -> torch.Tensor:
         key = self.achieved_goal_key
@@ -420,6 +466,8 @@ class HERReplayBuffer(TensorDictReplayBuffer):
 
     def empty(self, empty_write_count: bool = True) -> None:
         super().empty(empty_write_count=empty_write_count)
+        if self._runs is not None:
+            self._runs = RunPositions(self.traj_key, self.step_key)
         self._episode_ends_cache = self._unrolled_ends = self._last_cache_key = self._cache_revision = None
 
     # -- state ------------------------------------------------------------------------------------------------

@@ -978,7 +978,12 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         if unit is not None:
             return unit.read(storage, index), info
         # a draw of this package's samplers is in bounds: read without the check (a host sync)
-        return (storage.read_rows(index) if self._sampler.draws_in_bounds else storage.get(index)), info
+        if self._sampler.draws_in_bounds:
+            return storage.read_rows(index), info
+        data = storage.get(index)
+        if type(index) is torch.Tensor and index.ndim > 1 and storage.ndim == 1:  # windows [B, W], as TorchRL
+            data = data.reshape(index.shape)  # (GeometricTrajectoryWindowSampler): the storage reads them flat
+        return data, info
 
     def _deliver(self, data, info: dict, transform: bool):
         """``(batch, info)`` from the items read: collated (unless one item was read), pinned when asked and CUDA

@@ -8,7 +8,9 @@ start are clamped to that start. The episode start is found from the signal of t
 no scan of the storage, no cache), and a window never reaches across the write seam: the oldest row of a full
 ring (or row 0 of one that is not full) starts the stored history. Clamped slots repeat a row, so
 :meth:`FrameStack.read` tells them from real ones by the index alone: slot ``j`` is padding iff it reads the
-same row as slot ``j + 1``.
+same row as slot ``j + 1``. With ``fragmented=True`` (steps of several trajectories interleaved), the window is
+instead ``t-k+1 .. t`` in step order within ``t``'s run of consecutive steps of one trajectory id, read from the
+interleaved index (NOTE [interleaved runs index] in ``trajectories/interleaved.py``), clamped to the run's first step.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import functools
 import torch
 from tensordict import NestedKey, TensorDictBase
 
-from torchrl._validation import check_positive_int, is_real
+from torchrl._validation import check_bool, check_positive_int, is_real
 from torchrl.data.replay_buffers.sample_units.base import SampleUnit
+from torchrl.data.replay_buffers.samplers._slice_args import SLICE_FRAGMENTED_STEP_KEY
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
 from torchrl.data.replay_buffers.trajectories.columns import read_column
 from torchrl.data.replay_buffers.trajectories.keys import DONE_KEY, normalize_key, trajectory_keys
 from torchrl.data.replay_buffers.trajectories.layout import ring_layout
+from torchrl.data.replay_buffers.trajectories.run_positions import RunPositions
 
 __all__ = ["FrameStack"]
 
@@ -87,6 +91,14 @@ class FrameStack(SampleUnit):
             stored ``("next", key)`` frame of the drawn step appended (it must be stored). Defaults to ``False``.
         mask_key (NestedKey, optional): where to write a bool ``[B, k]`` mask, ``True`` on padded slots (as
             ``CatFrames``' ``mask_key``). Defaults to ``None`` (no mask).
+        fragmented (bool): the steps of several trajectories are interleaved in the storage (vectorised envs or
+            collectors writing step by step): a stack holds the previous steps of the drawn step's trajectory by
+            ``step_key``, wherever they are stored, and a missing step starts the stack's episode as a trajectory
+            start does (the keywords of ``SliceSampler(fragmented=True)``; issue 41 adds them to this unit, which
+            TorchRL does not have). Needs a trajectory id (``traj_key``, or the stored ``("collector",
+            "traj_ids")`` or ``"episode"``); ``end_key`` plays no role and is refused. Defaults to ``False``.
+        step_key (NestedKey): with ``fragmented=True``, the stored per-step step number. Defaults to
+            ``"step_count"``.
 
     .. note:: It reads a :class:`~torchrl.data.TensorStorage` (``LazyTensorStorage``, ``LazyMemmapStorage``)
         of TensorDicts, ``ndim=1`` or ``ndim=2`` (``[time, envs]``: each env column is a stream).
@@ -115,6 +127,9 @@ class FrameStack(SampleUnit):
                 [False, False, False]]), tensor([1, 2]))
     """
 
+    fragmented: bool = False  # (pickles made before the keyword load as contiguous units)
+    _runs: RunPositions | None = None
+
     def __init__(
         self,
         num_frames: int,
@@ -126,6 +141,8 @@ class FrameStack(SampleUnit):
         padding_value: float = 0,
         next_frames: bool = False,
         mask_key: NestedKey | None = None,
+        fragmented: bool = False,
+        step_key: NestedKey = "step_count",
     ):
         self.num_frames = check_positive_int("num_frames", num_frames, hint="Pass the frames per stack, e.g. 4.")
         keys = [frame_keys] if isinstance(frame_keys, (str, tuple)) else list(frame_keys)
@@ -139,6 +156,17 @@ class FrameStack(SampleUnit):
             )
         self.traj_key = None if traj_key is None else normalize_key(traj_key)
         self.end_key = None if end_key is None else normalize_key(end_key)
+        self.fragmented = check_bool("fragmented", fragmented, hint="Pass fragmented=True for interleaved steps.")
+        if fragmented and step_key is None:
+            raise SLICE_FRAGMENTED_STEP_KEY.error()
+        if fragmented and end_key is not None:
+            raise ValueError(
+                f"FrameStack(fragmented=True) finds episodes by trajectory id and step number; done flags "
+                f"(`end_key`={end_key!r}) cannot tell interleaved trajectories apart. Drop `end_key`, and pass "
+                f"`traj_key` naming the stored trajectory id."
+            )
+        self.step_key = None if step_key is None else normalize_key(step_key)
+        self._runs = RunPositions(self.traj_key, self.step_key) if fragmented else None
         if padding == "zeros":
             raise ValueError("`padding`='zeros' is spelled padding='constant' (padding_value defaults to 0).")
         if padding not in _PADDINGS:
@@ -220,23 +248,41 @@ class FrameStack(SampleUnit):
                 )
         col = parts[1].remainder(n_cols) if len(parts) > 1 else None
         window, slots, weights = _aranges(k, row.device)
-        # the window t-k+1 .. t (oldest first) in unrolled positions; slots before the oldest stored step (the
-        # write seam: position 0) read that step
-        if offset:
-            steps = ((row - offset).remainder_(n).unsqueeze(-1) + window).clamp_min_(0)
-            rows = (steps + offset).remainder_(n)
+        if self.fragmented:  # the window in step order within the run, wherever its steps are stored
+            rows, col = self._interleaved_window(storage, row, col, window)
         else:
-            rows = row.unsqueeze(-1) + window
-            if low < k - 1:
-                rows.clamp_min_(0)
-        first = self._episode_start(storage, rows, col, weights)
-        if first is not None:  # slot j < first reads the row of slot ``first``
-            rows = rows.gather(1, torch.maximum(slots, first))
+            # the window t-k+1 .. t (oldest first) in unrolled positions; slots before the oldest stored step (the
+            # write seam: position 0) read that step
+            if offset:
+                steps = ((row - offset).remainder_(n).unsqueeze(-1) + window).clamp_min_(0)
+                rows = (steps + offset).remainder_(n)
+            else:
+                rows = row.unsqueeze(-1) + window
+                if low < k - 1:
+                    rows.clamp_min_(0)
+            first = self._episode_start(storage, rows, col, weights)
+            if first is not None:  # slot j < first reads the row of slot ``first``
+                rows = rows.gather(1, torch.maximum(slots, first))
         if col is None:
             expanded = (rows,) if isinstance(index, tuple) else rows
         else:
-            expanded = (rows, col.unsqueeze(-1).expand_as(rows))
+            expanded = (rows, col.unsqueeze(-1).expand_as(rows) if col.ndim == 1 else col)
         return expanded, dict(info)
+
+    def _interleaved_window(self, storage, row: torch.Tensor, col, window: torch.Tensor) -> tuple:
+        """``fragmented=True``: ``(rows, cols)`` ``[B, k]`` of the steps ``t-k+1 .. t`` of each drawn step's run of
+        consecutive steps (:class:`~torchrl.data.replay_buffers.trajectories.run_positions.RunPositions`), the slots
+        before the run's first step clamped to it; ``cols`` is ``None`` on 1-D storages."""
+        lookup = self._runs
+        runs = lookup.refresh(storage)
+        n_cols = runs.n_cols
+        cells = row if col is None else row * n_cols + col
+        position, first, _ = lookup.locate(cells)
+        cells = lookup.cells(torch.maximum(position.unsqueeze(-1) + window.cpu(), first.unsqueeze(-1)))
+        cells = cells.to(row.device)
+        if col is None:
+            return cells, None
+        return torch.div(cells, n_cols, rounding_mode="floor"), cells.remainder(n_cols)
 
     def _episode_start(self, storage, rows: torch.Tensor, col, weights: torch.Tensor):
         """Int ``[B, 1]``: the first slot of each window in the episode of its last slot (``None`` for ``k = 1``).
@@ -280,9 +326,12 @@ class FrameStack(SampleUnit):
                 f"items: store TensorDicts holding {self.frame_keys}."
             )
         out = full[k - 1 :: k]  # the drawn step of each stack (its last slot)
-        padded = None  # clamped slots repeat the row after them
+        padded = None  # clamped slots repeat the cell after them
         if self.padding == "constant" or self.mask_key is not None:
-            padded = torch.nn.functional.pad(rows[:, :-1] == rows[:, 1:], (0, 1))
+            same = rows[:, :-1] == rows[:, 1:]
+            if len(parts) > 1:  # interleaved windows of an ndim=2 storage may change column
+                same &= parts[1][:, :-1] == parts[1][:, 1:]
+            padded = torch.nn.functional.pad(same, (0, 1))
         for key in self.frame_keys:
             frames = full.get(key, None)
             if frames is None:
@@ -320,6 +369,8 @@ class FrameStack(SampleUnit):
 
     def __repr__(self) -> str:
         signal = f"traj_key={self.traj_key!r}" if self.end_key is None else f"end_key={self.end_key!r}"
+        if self.fragmented:
+            signal += f", fragmented=True, step_key={self.step_key!r}"
         return (
             f"FrameStack(num_frames={self.num_frames}, frame_keys={self.frame_keys}, {signal}, "
             f"padding={self.padding!r}, next_frames={self.next_frames})"

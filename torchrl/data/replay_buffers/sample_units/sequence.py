@@ -1,7 +1,8 @@
 """The :class:`Sequence` sample unit: a window of steps around each drawn step, for recurrent learners.
 
 Episodes are found with :mod:`torchrl.data.replay_buffers.trajectories` (ring layout, the one episode-end finder,
-the live index on 1-D CPU tensor storages).
+the live index on 1-D CPU tensor storages); with ``fragmented=True`` an episode is a run of consecutive steps of one
+trajectory id in the interleaved index (NOTE [interleaved runs index] in ``trajectories/interleaved.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import torch
 from tensordict import TensorDictBase, is_tensorclass
 
 from torchrl._phrases import TorchRLPhrase
+from torchrl._validation import check_bool
 from torchrl.data.replay_buffers.sample_units.base import SampleUnit
+from torchrl.data.replay_buffers.samplers._slice_args import SLICE_FRAGMENTED_STEP_KEY
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
 from torchrl.data.replay_buffers.trajectories.columns import (
     as_step_values,
@@ -25,6 +28,7 @@ from torchrl.data.replay_buffers.trajectories.columns import (
 from torchrl.data.replay_buffers.trajectories.ends import find_trajectories
 from torchrl.data.replay_buffers.trajectories.keys import normalize_key
 from torchrl.data.replay_buffers.trajectories.layout import TrajectoryIndex, ring_layout
+from torchrl.data.replay_buffers.trajectories.run_positions import RunPositions
 from torchrl.data.replay_buffers.trajectories.sync import TrajectorySync, supports_live_index
 
 __all__ = ["Sequence"]
@@ -94,6 +98,16 @@ class Sequence(SampleUnit):
         burn_in (int): steps before the anchor. Defaults to ``0``.
         bootstrap (int): steps after the learning steps. Defaults to ``0``.
         dilation (int): the distance between consecutive steps of a window. Defaults to ``1``.
+        fragmented (bool): the steps of several trajectories are interleaved in the storage (vectorised envs or
+            collectors writing step by step): a window holds steps of the anchor's trajectory in step order
+            (``step_key``), wherever they are stored, and its episode is the anchor's run of consecutive steps (a
+            missing step ends it as an episode end does; ``done_key`` plays no role). These are the keywords of
+            ``SliceSampler(fragmented=True)``, which TorchRL's ``Sequence`` does not take: issue 41 adds them.
+            ``episode_boundary="include_reset"`` needs env streams and is refused. Defaults to ``False``.
+        step_key (NestedKey): with ``fragmented=True``, the stored per-step step number. Defaults to
+            ``"step_count"``.
+        traj_key (NestedKey, optional): with ``fragmented=True``, the stored per-step trajectory id. Defaults to
+            ``None``: the storage's ``("collector", "traj_ids")``, else ``"episode"``.
 
     .. note:: It needs a :class:`~torchrl.data.TensorStorage` (``ndim=1``, or ``ndim=2`` for ``[time, envs]``,
         each env column one stream) holding TensorDicts with ``done_key``. Episode boundaries are computed once
@@ -121,6 +135,8 @@ class Sequence(SampleUnit):
     """
 
     _live: TrajectorySync | None = None
+    fragmented: bool = False  # (pickles made before the keyword load as contiguous units)
+    _runs: RunPositions | None = None
 
     def __init__(
         self,
@@ -130,6 +146,10 @@ class Sequence(SampleUnit):
         burn_in: int = 0,
         bootstrap: int = 0,
         dilation: int = 1,
+        *,
+        fragmented: bool = False,
+        step_key="step_count",
+        traj_key=None,
     ):
         self.length = _check_int("length", length, 1)
         if episode_boundary not in _BOUNDARIES:
@@ -139,6 +159,17 @@ class Sequence(SampleUnit):
         self.burn_in = _check_int("burn_in", burn_in, 0)
         self.bootstrap = _check_int("bootstrap", bootstrap, 0)
         self.dilation = _check_int("dilation", dilation, 1)
+        self.fragmented = check_bool("fragmented", fragmented, hint="Pass fragmented=True for interleaved steps.")
+        if fragmented and step_key is None:
+            raise SLICE_FRAGMENTED_STEP_KEY.error()
+        if fragmented and episode_boundary == "include_reset":
+            raise ValueError(
+                "Sequence(fragmented=True) cannot take episode_boundary='include_reset': interleaved trajectories "
+                "have no env stream to run on into. Pass episode_boundary='pad' or 'stop'."
+            )
+        self.step_key = None if step_key is None else normalize_key(step_key)
+        self.traj_key = None if traj_key is None else normalize_key(traj_key)
+        self._runs = RunPositions(self.traj_key, self.step_key) if fragmented else None
         self._cache: tuple | None = None  # (weakref to the storage, its write state, TrajectoryIndex)
         self._live: TrajectorySync | None = None  # NOTE [live trajectory index]; per process, never pickled
 
@@ -237,6 +268,26 @@ class Sequence(SampleUnit):
         last = start + episodes.lengths[which] - 1
         return episodes, anchor, start, last
 
+    def _run_bounds(self, storage, parts: list[torch.Tensor]):
+        """``fragmented=True``: ``(to_storage, anchor, start, last, row, col)``: the anchors' positions among the
+        interleaved steps sorted by (trajectory, step) and the first/last positions of their runs
+        (:class:`~torchrl.data.replay_buffers.trajectories.run_positions.RunPositions`), a function from positions
+        to ``(rows, cols)`` of the storage (``cols`` ``None`` on 1-D storages), and the anchors' rows and columns."""
+        lookup = self._runs
+        runs = lookup.refresh(storage)
+        n, n_cols = runs.n_rows, runs.n_cols
+        row = parts[0].remainder(max(n, 1))
+        col = parts[1].remainder(n_cols) if len(parts) > 1 else torch.zeros_like(row)
+        anchor, start, last = lookup.locate(row * n_cols + col)
+
+        def to_storage(positions: torch.Tensor) -> tuple:
+            cells = lookup.cells(positions)
+            if n_cols == 1:
+                return cells, None
+            return torch.div(cells, n_cols, rounding_mode="floor"), cells.remainder(n_cols)
+
+        return to_storage, anchor, start, last, row.cpu(), col.cpu()
+
     def _checked_done_key(self, storage):
         """``done_key``, once checked to be stored (TypeError for storages of plain tensors, else KeyError)."""
         if has_key(storage, self.done_key):
@@ -296,13 +347,17 @@ class Sequence(SampleUnit):
         """
         self._check_storage(storage)
         parts = self._anchors(index, storage)
-        episodes, anchor, start, last = self._bounds_of(storage, parts)
+        if self.fragmented:  # positions of the sorted interleaved steps: runs are ranges of them
+            to_storage, anchor, start, last, row, col = self._run_bounds(storage, parts)
+        else:
+            episodes, anchor, start, last = self._bounds_of(storage, parts)
+            to_storage = episodes.storage_rows
+            n, n_cols = episodes.n_rows, episodes.n_cols
+            row = parts[0].to(anchor.device).remainder(n)
+            col = parts[1].to(anchor.device).remainder(n_cols) if len(parts) > 1 else torch.zeros_like(row)
+            if self.episode_boundary == "include_reset":  # the whole stream, from the oldest to the newest step
+                start, last = col * n, col * n + n - 1
         device = anchor.device
-        n, n_cols = episodes.n_rows, episodes.n_cols
-        row = parts[0].to(device).remainder(n)
-        col = parts[1].to(device).remainder(n_cols) if len(parts) > 1 else torch.zeros_like(row)
-        if self.episode_boundary == "include_reset":  # the whole stream, from the oldest to the newest step
-            start, last = col * n, col * n + n - 1
         offsets = (torch.arange(self.window, device=device) - self.burn_in) * self.dilation
         steps = anchor.unsqueeze(-1) + offsets  # [B, W]
         if self.episode_boundary == "stop":  # move back to end at the episode end, the anchor staying inside
@@ -312,7 +367,7 @@ class Sequence(SampleUnit):
         valid = (steps >= start.unsqueeze(-1)) & (steps <= last.unsqueeze(-1))
         steps = torch.minimum(torch.maximum(steps, start.unsqueeze(-1)), last.unsqueeze(-1))
         b, w = steps.shape
-        rows, cols = episodes.storage_rows(steps.reshape(-1))
+        rows, cols = to_storage(steps.reshape(-1))
         new_info = {key: _per_record(value, w) for key, value in info.items()}
         if storage.ndim == 1:
             expanded = (rows,) if isinstance(index, tuple) else rows
@@ -402,7 +457,8 @@ class Sequence(SampleUnit):
     def __repr__(self) -> str:
         return (
             f"Sequence(length={self.length}, episode_boundary={self.episode_boundary!r}, done_key={self.done_key!r}, "
-            f"burn_in={self.burn_in}, bootstrap={self.bootstrap}, dilation={self.dilation})"
+            f"burn_in={self.burn_in}, bootstrap={self.bootstrap}, dilation={self.dilation}"
+            + (f", fragmented=True, step_key={self.step_key!r}, traj_key={self.traj_key!r})" if self.fragmented else ")")
         )
 
 

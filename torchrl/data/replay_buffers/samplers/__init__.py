@@ -4,6 +4,7 @@ from torchrl.data.replay_buffers.errors import EpochEnded
 from torchrl.data.replay_buffers.samplers.base import Sampler
 from torchrl.data.replay_buffers.samplers.consuming import ConsumingSampler
 from torchrl.data.replay_buffers.samplers.ensemble import SamplerEnsemble
+from torchrl.data.replay_buffers.samplers.geometric import GeometricTrajectoryWindowSampler
 from torchrl.data.replay_buffers.samplers.prioritized import PrioritizedSampler
 from torchrl.data.replay_buffers.samplers.prioritized_slice import PrioritizedSliceSampler
 from torchrl.data.replay_buffers.samplers.prompt_group import PromptGroupSampler
@@ -38,6 +39,7 @@ __all__ = [
     "StalenessAwareSampler",
     "StreamingSliceSampler",
     "PromptGroupSampler",
+    "GeometricTrajectoryWindowSampler",
     # TorchRL's segment-tree names (torch tensors here: any device)
     "SumSegmentTreeFp32",
     "SumSegmentTreeFp64",
@@ -63,5 +65,6 @@ for _cls in (
     StalenessAwareSampler,
     StreamingSliceSampler,
     PromptGroupSampler,
+    GeometricTrajectoryWindowSampler,
 ):
     _cls.__module__ = __name__
