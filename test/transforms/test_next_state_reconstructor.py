@@ -1,4 +1,4 @@
-"""NextStateReconstructor (issue 26 item 2): ("next", obs) rebuilt at sample time from the following row.
+"""NextStateReconstructor: ("next", obs) rebuilt at sample time from the following row.
 
 Checked against a brute-force loop over the rule, through a real buffer with a SliceSampler (inside a slice the
 rebuilt next observation is the stored one, at the slice ends it is the fill value), and for the bytes it saves.
@@ -232,3 +232,85 @@ def test_non_tensordict_input_is_refused_and_keys_are_declared():
     with pytest.raises(TypeError, match="takes a TensorDict"):
         transform(torch.zeros(3))
     assert "NextStateReconstructor(keys=" in repr(transform)
+
+
+# -- consecutive steps told by the storage index -----------------------------------------------------------------
+def with_slots(data: TensorDict) -> TensorDict:
+    data = data.exclude(("next", "observation"))
+    data["index"] = torch.arange(data.batch_size[0])
+    return data
+
+
+def test_two_slices_of_one_episode_back_to_back_end_with_the_fill_value_when_indices_are_present():
+    data = with_slots(episodes([10]))
+    batch = torch.cat([data[0:4], data[2:6]])  # same episode, no done at the seam: TorchRL's rule pairs 3 with 2
+    out = NextStateReconstructor(traj_key="episode")(batch.clone())["next", "observation"]
+    assert torch.isnan(out[3]) and torch.isnan(out[7])
+    assert out[:3].tolist() == [1.0, 2.0, 3.0] and out[4:7].tolist() == [3.0, 4.0, 5.0]
+    torchrl_rule = NextStateReconstructor(traj_key="episode", index_key=None)(batch.clone())["next", "observation"]
+    assert torchrl_rule[3] == 2.0, "without indices the seam is paired (TorchRL's documented hole)"
+    adjacent = torch.cat([data[0:4], data[4:8]])  # the second slice really follows the first
+    assert NextStateReconstructor(traj_key="episode")(adjacent)["next", "observation"][3] == 4.0
+
+
+def test_through_a_buffer_every_slice_end_is_the_true_next_observation_or_the_fill_value():
+    torch.manual_seed(0)
+    data = episodes([40, 30])  # few episodes: slices of one episode are often drawn back to back
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100), sampler=SliceSampler(slice_len=5, traj_key="episode"),
+                                transform=NextStateReconstructor(traj_key="episode"), batch_size=40)
+    rb.extend(data.exclude(("next", "observation")))
+    filled_ends = 0
+    for _ in range(20):
+        batch = rb.sample()
+        rebuilt = batch["next", "observation"].reshape(8, 5)
+        true_next = (batch["observation"] + 1).reshape(8, 5)
+        assert torch.equal(rebuilt[:, :-1], true_next[:, :-1])
+        ends, known = rebuilt[:, -1], ~torch.isnan(rebuilt[:, -1])
+        assert torch.equal(ends[known], true_next[:, -1][known]), "a slice end is never paired with another slice"
+        filled_ends += int(known.sum())
+    assert filled_ends < 20, "only a slice followed by its own next step is filled"
+
+
+def test_the_ring_seam_is_filled_only_when_a_step_counter_confirms_it():
+    data = episodes([15])
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10))
+    rb.extend(data.exclude(("next", "observation")))  # steps 5..14; step 10 is in slot 0
+    batch = rb.storage.get(torch.tensor([7, 8, 9, 0, 1]))  # a slice across the seam: slots 7-9 then 0-1
+    assert batch["index"].tolist() == [7, 8, 9, 0, 1] and batch["step_count"].tolist() == [7, 8, 9, 10, 11]
+    out = NextStateReconstructor(traj_key="episode")(batch.clone())["next", "observation"]
+    assert out[:2].tolist() == [8.0, 9.0] and torch.isnan(out[2]) and out[3] == 11.0
+    counted = NextStateReconstructor(traj_key="episode", step_count_key="step_count")(batch.clone())
+    assert counted["next", "observation"][:4].tolist() == [8.0, 9.0, 10.0, 11.0]
+
+
+def test_interleaved_steps_are_paired_by_the_step_counter():
+    from torchrl.data.replay_buffers.trajectories.split import fragmented_runs
+
+    ids = torch.tensor([0, 1, 0, 1, 0, 1])  # two envs writing step by step
+    steps = torch.tensor([0, 0, 1, 1, 2, 2])
+    stored = TensorDict(episode=ids, step_count=steps, observation=10.0 * ids + steps, index=torch.arange(6),
+                        batch_size=[6])  # fmt: skip
+    order, _, _ = fragmented_runs(ids, steps)
+    window = stored[order]  # each trajectory in step order, slots 0, 2, 4 then 1, 3, 5
+    out = NextStateReconstructor(traj_key="episode", done_key=None, step_count_key="step_count")(window.clone())
+    assert out["next", "observation"].tolist()[:2] == [1.0, 2.0] and out["next", "observation"][3:5].tolist() == [11, 12]
+    slots_only = NextStateReconstructor(traj_key="episode", done_key=None)(window.clone())["next", "observation"]
+    assert torch.isnan(slots_only).all(), "slots are not consecutive: without a step counter nothing is paired"
+
+
+def test_an_index_of_a_two_dimensional_storage_must_match_in_the_env_column():
+    batch = TensorDict(observation=torch.arange(4.0), episode=torch.zeros(4),
+                       index=torch.tensor([[3, 0], [4, 0], [5, 1], [6, 1]]), batch_size=[4])  # fmt: skip
+    out = NextStateReconstructor(traj_key="episode", done_key=None)(batch)["next", "observation"]
+    assert out[0] == 1.0 and torch.isnan(out[1]) and out[2] == 3.0 and torch.isnan(out[3])
+
+
+def test_a_bad_index_entry_is_refused_and_nothing_is_written():
+    data = with_slots(episodes([4]))
+    data["index"] = data["index"].float()
+    with pytest.raises(ValueError, match="`index_key` entry 'index' must hold the integer storage index"):
+        NextStateReconstructor(traj_key="episode")(data)
+    assert ("next", "observation") not in data.keys(True)
+    with pytest.raises(TypeError, match="`index_key` must be a key"):
+        NextStateReconstructor(index_key=3)
+    assert "index_key='index'" in repr(NextStateReconstructor())

@@ -30,7 +30,13 @@ from torchrl._phrases import TorchRLPhrase
 from torchrl.data.replay_buffers.storages import ListStorage, TensorStorage
 from torchrl.data.replay_buffers.trajectories.ends import time_ordered_runs
 from torchrl.data.replay_buffers.trajectories.layout import flat_storage_index
-from torchrl.data.replay_buffers.trajectories.split import signal_keys, split_signal, split_streams
+from torchrl.data.replay_buffers.trajectories.split import (
+    fragmented_keys,
+    fragmented_split,
+    signal_keys,
+    split_signal,
+    split_streams,
+)
 from torchrl.envs.transforms.transforms import Compose
 
 __all__ = [
@@ -92,8 +98,14 @@ class Trajectory(TensorClass["nocast"]):
     ``("next", "reward")`` entry when there is no root one); ``t["next", "obs"]`` reads a nested key, and any
     other index (``t[0]``, ``t[2:5]``) indexes time and returns a :class:`Trajectory`.
 
+    Trajectories stack like any tensorclass: ``torch.stack`` of views of one length gives a ``Trajectory`` of
+    batch size ``[N, T]`` (``length`` is ``T``, entries are stacked), ``tensordict.lazy_stack`` of views of any
+    lengths gives batch size ``[N, -1]`` whose ``stacked[i]`` is the ``i``-th trajectory again (read a ragged
+    entry with ``stacked.data.get(key, as_list=True)``). ``Trajectory(t)`` of a trajectory wraps the same data.
+
     Args:
-        data (TensorDictBase): the transitions, with exactly one batch dim (``ValueError`` otherwise).
+        data (TensorDictBase or Trajectory): the transitions, with exactly one batch dim (``ValueError``
+            otherwise).
 
     Examples:
         >>> import torch
@@ -154,6 +166,8 @@ _tensorclass_getattr = Trajectory.__getattr__
 def _trajectory_init(self, *args, **kwargs):
     _tensorclass_init(self, *args, **kwargs)
     data = self.data
+    if isinstance(data, Trajectory):  # Trajectory(t): the same transitions, not a trajectory of a trajectory
+        data = self.data = data.data
     if not isinstance(data, TensorDictBase):
         raise QUERY_NOT_TENSORDICT.error(func="Trajectory", got=type(data).__name__)
     if data.batch_dims != 1:
@@ -698,40 +712,74 @@ def as_predicate(predicate) -> TrajectoryPredicate:
 
 
 # -- iterating and filtering (the split itself: trajectories/split.py) ---------------------------------------
-def iter_trajectories(data: TensorDictBase, trajectory_key=None) -> Iterator[TensorDictBase]:
-    """Yields the trajectories of ``data`` (transitions along its one batch dim) as views ``data[start:stop+1]``.
+def iter_trajectories(
+    data: TensorDictBase, trajectory_key=None, *, fragmented: bool = False, step_key="step_count"
+) -> Iterator[Trajectory]:
+    """Yields the trajectories of ``data`` (transitions along its one batch dim) as :class:`Trajectory` views.
 
     A trajectory ends where the trajectory id changes, else at an end-of-episode flag; the last step ends one
     too (a missing final ``done`` still closes it). The signal is, first found: ``trajectory_key``;
     ``("collector", "traj_ids")``, ``"traj_ids"`` or ``"episode"``; the OR of the ``("next", ...)`` flags
-    ``done``/``terminated``/``truncated``, else of the root ones (a ``UserWarning`` says so).
+    ``done``/``terminated``/``truncated``, else of the root ones (a ``UserWarning`` says so). Each trajectory
+    wraps the view ``data[start:stop+1]`` (writing into it writes into ``data``).
+
+    With ``fragmented=True`` the steps of several trajectories may be interleaved in ``data`` (several
+    environments or collectors writing one stream): each trajectory id's steps are gathered in the order of
+    ``step_key``, and a missing step ends a trajectory as an end flag does (done flags play no role). The
+    trajectories are then views of one reordered copy of ``data``, listed by their earliest written step.
 
     Args:
         data (TensorDictBase): the transitions, with one batch dim.
         trajectory_key (NestedKey, optional): the entry holding trajectory ids (``KeyError`` if absent).
             Defaults to ``None``.
 
+    Keyword Args:
+        fragmented (bool): whether trajectories may be interleaved (needs a trajectory id entry and
+            ``step_key``). Defaults to ``False``.
+        step_key (NestedKey): with ``fragmented=True``, the entry holding each step's number in its trajectory.
+            Defaults to ``"step_count"``.
+
     Examples:
         >>> import torch
         >>> from tensordict import TensorDict
         >>> from torchrl.data import iter_trajectories
         >>> data = TensorDict(episode=torch.tensor([3, 3, 3, 4, 4, 7]), batch_size=[6])
-        >>> [t["episode"].tolist() for t in iter_trajectories(data)]
+        >>> [t.episode.tolist() for t in iter_trajectories(data)]
         [[3, 3, 3], [4, 4], [7]]
+        >>> interleaved = TensorDict(episode=torch.tensor([0, 1, 0, 1, 0]), step_count=torch.tensor([0, 0, 1, 1, 2]),
+        ...                          batch_size=[5])
+        >>> [(t.length, t.step_count.tolist()) for t in iter_trajectories(interleaved, fragmented=True)]
+        [(3, [0, 1, 2]), (2, [0, 1])]
     """
+    _check_fragmented(fragmented)
     if not isinstance(data, TensorDictBase):
         raise QUERY_NOT_TENSORDICT.error(func="iter_trajectories", got=type(data).__name__)
     if data.batch_dims != 1:
         raise QUERY_BATCH_DIMS.error(what="iter_trajectories", batch_size=list(data.batch_size))
     if data.batch_size[0] == 0:
         return
-    kind, values = split_signal(data, trajectory_key)
-    starts, lengths = time_ordered_runs(values, is_done=kind == "end")
+    data, starts, lengths = _runs(data, trajectory_key, fragmented, step_key)
     for start, length in zip(starts.tolist(), lengths.tolist()):
-        yield data[start : start + length]
+        yield Trajectory(data[start : start + length])
 
 
-def filter_trajectories(data: TensorDictBase, predicate=None, *, trajectory_key=None) -> list[Trajectory]:
+def _check_fragmented(fragmented) -> None:
+    if not isinstance(fragmented, bool):
+        raise TypeError(f"`fragmented` must be a bool, got {fragmented!r} ({type(fragmented).__name__}).")
+
+
+def _runs(data: TensorDictBase, trajectory_key, fragmented: bool, step_key) -> tuple:
+    """``(data, starts, lengths)``: the trajectories as runs of ``data``, reordered first when fragmented."""
+    if not fragmented:
+        kind, values = split_signal(data, trajectory_key)
+        return (data, *time_ordered_runs(values, is_done=kind == "end"))
+    order, starts, lengths = fragmented_split(data, trajectory_key, step_key)
+    return data[order], starts, lengths
+
+
+def filter_trajectories(
+    data: TensorDictBase, predicate=None, *, trajectory_key=None, fragmented: bool = False, step_key="step_count"
+) -> list[Trajectory]:
     """The trajectories of ``data`` (split as :func:`iter_trajectories` does) that ``predicate`` accepts.
 
     Args:
@@ -741,6 +789,9 @@ def filter_trajectories(data: TensorDictBase, predicate=None, *, trajectory_key=
 
     Keyword Args:
         trajectory_key (NestedKey, optional): the entry holding trajectory ids. Defaults to ``None``.
+        fragmented (bool): whether trajectories may be interleaved, gathered by ``step_key`` (see
+            :func:`iter_trajectories`). Defaults to ``False``.
+        step_key (NestedKey): the step numbers, with ``fragmented=True``. Defaults to ``"step_count"``.
 
     Examples:
         >>> import torch
@@ -751,15 +802,14 @@ def filter_trajectories(data: TensorDictBase, predicate=None, *, trajectory_key=
         [[2.0, 3.0, 4.0]]
     """
     pred = None if predicate is None else as_predicate(predicate)
+    _check_fragmented(fragmented)
     if not isinstance(data, TensorDictBase):
         raise QUERY_NOT_TENSORDICT.error(func="filter_trajectories", got=type(data).__name__)
     if data.batch_dims != 1:
         raise QUERY_BATCH_DIMS.error(what="filter_trajectories", batch_size=list(data.batch_size))
     if data.batch_size[0] == 0:
         return []
-    kind, values = split_signal(data, trajectory_key)
-    starts, lengths = time_ordered_runs(values, is_done=kind == "end")
-    return _keep(data, starts, lengths, pred)
+    return _keep(*_runs(data, trajectory_key, fragmented, step_key), pred)
 
 
 def _keep(data: TensorDictBase, starts, lengths, pred) -> list[Trajectory]:
@@ -852,12 +902,18 @@ def _apply(transforms: list, data: TensorDictBase) -> TensorDictBase:
     return data
 
 
-def query_replay_buffer(rb, predicate=None, *, trajectory_key=None) -> list[Trajectory]:
+def query_replay_buffer(
+    rb, predicate=None, *, trajectory_key=None, fragmented: bool = False, step_key="step_count"
+) -> list[Trajectory]:
     """What ``rb.query(predicate, *, trajectory_key=None)`` returns: the stored trajectories ``predicate`` accepts.
 
     The storage is read once, in time order (see the module docstring), and split as
     :func:`iter_trajectories` splits data (on the stored values); trajectories of an ``ndim=2`` storage come
-    one env column after the other. The predicate sees the values the buffer's transforms produce: for a
+    one env column after the other. With ``fragmented=True`` (several environments or collectors writing
+    interleaved steps), each trajectory's steps are gathered in ``step_key`` order wherever they are stored
+    (across the ring's wrap and env columns too), a missing step ending a trajectory; trajectories are listed
+    by their oldest stored step, and the transforms see each trajectory's steps side by side, in step order.
+    The predicate sees the values the buffer's transforms produce: for a
     :data:`traj` predicate only the entries it reads are fetched and only the transforms that write them run;
     an opaque predicate sees every entry after the whole chain. The accepted trajectories are returned with
     every entry, through the whole transform chain, oldest first.
@@ -869,6 +925,8 @@ def query_replay_buffer(rb, predicate=None, *, trajectory_key=None) -> list[Traj
 
     Keyword Args:
         trajectory_key (NestedKey, optional): the entry holding trajectory ids. Defaults to ``None``.
+        fragmented (bool): whether trajectories may be interleaved in the storage. Defaults to ``False``.
+        step_key (NestedKey): the step numbers, with ``fragmented=True``. Defaults to ``"step_count"``.
 
     Examples:
         >>> import torch
@@ -885,6 +943,7 @@ def query_replay_buffer(rb, predicate=None, *, trajectory_key=None) -> list[Traj
         [[8, 9, 10, 11]]
     """
     pred = None if predicate is None else as_predicate(predicate)
+    _check_fragmented(fragmented)
     storage = rb.storage
     if not len(storage):
         return []
@@ -893,11 +952,18 @@ def query_replay_buffer(rb, predicate=None, *, trajectory_key=None) -> list[Traj
     chosen, read = (transforms, None) if keys is None else _needed(transforms, keys)
     with rb.write_lock:  # one consistent snapshot of the rows and of where the ring wrapped
         index, n_cols = _time_order(rb, storage)
-        splitting = signal_keys(storage, trajectory_key)
+        if fragmented:
+            splitting = fragmented_keys(storage, trajectory_key, step_key)
+        else:
+            splitting = signal_keys(storage, trajectory_key)
         restricted = read is not None and splitting is not None
         raw = _read(storage, index, read | splitting if restricted else None)
     signal = raw.select(*splitting, strict=False) if splitting is not None else raw
-    starts, lengths = split_streams(signal, n_cols, trajectory_key)  # on the stored values
+    if fragmented:  # each trajectory's steps side by side, in step order, wherever they were stored
+        order, starts, lengths = fragmented_split(signal, trajectory_key, step_key)
+        raw, index = raw[order], _pick(index, order)
+    else:
+        starts, lengths = split_streams(signal, n_cols, trajectory_key)  # on the stored values
     complete = read is None and len(chosen) == len(transforms)  # every entry, through the whole chain
     view = _apply(chosen, raw if complete else raw.clone(False))
     if pred is not None:

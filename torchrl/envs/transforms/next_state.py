@@ -6,6 +6,12 @@ is the next observation of step ``t``, so a storage that keeps each observation 
 "observation")``) loses nothing: row ``i``'s next observation is row ``i + 1``'s observation, wherever the two
 rows are known to be consecutive steps. Elsewhere (the end of a slice, the end of a trajectory, the end of the
 batch) it is unknown and filled with ``fill_value``.
+
+Which rows are consecutive steps: the batch says it with its markers. Trajectory ids and done flags (TorchRL's rule)
+cannot tell two slices of one episode drawn back to back from one longer slice; a step counter can (step ``+ 1``),
+and so can the storage position of each row, the ``"index"`` entry a
+:class:`~torchrl.data.TensorDictReplayBuffer` stores with each item (slot ``+ 1``). Steps of interleaved
+trajectories (several environments writing one buffer) are not in consecutive slots: there the step counter decides.
 """
 
 from __future__ import annotations
@@ -97,8 +103,18 @@ class NextStateReconstructor(Transform):
     A row is followed by its next step when it is not the last row of the batch, and, for each marker given:
     the ``traj_key`` of both rows is equal, the ``done_key`` of row ``i`` is False (this catches two
     back-to-back slices of one trajectory), and the ``step_count_key`` of row ``i + 1`` is one more than row
-    ``i``'s. Other rows get ``fill_value``. Markers with trailing dims (``(B, 1)``) are read at their first
-    trailing element.
+    ``i``'s. Without a step counter in the batch, the storage index (``index_key``, stored by
+    :class:`~torchrl.data.TensorDictReplayBuffer`'s writer) of row ``i + 1`` must be one more than row ``i``'s:
+    two slices of one episode drawn back to back are never paired (TorchRL pairs them when the first does not
+    end with ``done``). A slice that crosses the ring's seam (slot ``capacity - 1`` then slot ``0``) gets
+    ``fill_value`` at the seam unless a step counter confirms it, as the transform does not know the capacity.
+    Other rows get ``fill_value``. Markers with trailing dims (``(B, 1)``) are read at their first trailing
+    element; an index with several trailing elements (``(row, env)`` of an ``ndim=2`` storage) must match in
+    the others.
+
+    For interleaved trajectories (``SliceSampler(fragmented=True)``: consecutive steps are not in consecutive
+    slots), pass ``step_count_key`` (e.g. ``"step_count"``); with the storage index alone every row would be
+    filled.
 
     It runs on the sample path only (``forward``; writes are unchanged) and holds no state: with DataLoader
     workers each worker rebuilds its own batches. A stored ``("next", key)`` entry is overwritten.
@@ -119,6 +135,9 @@ class NextStateReconstructor(Transform):
             integer, e.g. ``fill_value=0``.
         strict (bool): a marker given but absent from the batch raises ``KeyError``; ``False`` skips its check
             instead. Defaults to ``True``.
+        index_key (NestedKey, optional): the storage index of each row, used when the batch has it and no step
+            counter (an absent entry skips the check, whatever ``strict``); ``None`` never uses it. Defaults to
+            ``"index"``.
 
     Examples:
         >>> import torch
@@ -129,6 +148,10 @@ class NextStateReconstructor(Transform):
         >>> t = NextStateReconstructor(traj_key="episode")
         >>> t(batch)["next", "observation"]
         tensor([1., 2., nan, 4., nan])
+        >>> slices = TensorDict({"observation": torch.tensor([4.0, 5.0, 6.0, 2.0, 3.0]), "episode": torch.zeros(5),
+        ...                      "index": torch.tensor([4, 5, 6, 2, 3])}, batch_size=[5])  # two slices of one episode
+        >>> NextStateReconstructor(traj_key="episode", done_key=None)(slices)["next", "observation"]
+        tensor([5., 6., nan, 3., nan])
     """
 
     def __init__(
@@ -140,6 +163,7 @@ class NextStateReconstructor(Transform):
         step_count_key: Any = None,
         fill_value: float = float("nan"),
         strict: bool = True,
+        index_key: Any = "index",
     ):
         keys = _check_reconstructed_keys(keys)
         super().__init__(in_keys=keys, out_keys=[("next", *_as_tuple(k)) for k in keys])
@@ -147,6 +171,7 @@ class NextStateReconstructor(Transform):
         self.traj_key = _check_optional_key("traj_key", traj_key)
         self.done_key = _check_optional_key("done_key", done_key)
         self.step_count_key = _check_optional_key("step_count_key", step_count_key)
+        self.index_key = _check_optional_key("index_key", index_key)
         if not is_real(fill_value):
             raise TypeError(f"`fill_value` must be a number (float or int), got {fill_value!r}.")
         if not isinstance(strict, bool):
@@ -219,10 +244,33 @@ class NextStateReconstructor(Transform):
             follows[:-1] &= ~done[:-1].bool().to(device)
         if count is not None:
             follows[:-1] &= (count[1:] == count[:-1] + 1).to(device)
+        else:
+            slots = self._slots(data, batch)
+            if slots is not None:  # consecutive slots (and the same env column, if any)
+                consecutive = slots[1:, 0] == slots[:-1, 0] + 1
+                if slots.shape[1] > 1:
+                    consecutive &= (slots[1:, 1:] == slots[:-1, 1:]).all(-1)
+                follows[:-1] &= consecutive.to(device)
         return follows
+
+    def _slots(self, data: TensorDictBase, batch: int) -> torch.Tensor | None:
+        """The storage index of each row, ``(B, k)``, or ``None`` when the batch has none."""
+        if self.index_key is None:
+            return None
+        value = data.get(self.index_key, None)
+        if not isinstance(value, torch.Tensor):
+            return None
+        if value.ndim == 0 or value.shape[0] != batch or value.dtype.is_floating_point or value.dtype == torch.bool:
+            raise ValueError(
+                f"The `index_key` entry {self.index_key!r} must hold the integer storage index of each sampled row "
+                f"(shape ({batch}, ...)), got {value.dtype} of shape {list(value.shape)}. Pass the entry that holds "
+                f"it with `index_key=`, or index_key=None to ignore it."
+            )
+        return value.reshape(batch, -1)
 
     def __repr__(self) -> str:
         return (
             f"NextStateReconstructor(keys={self.keys}, traj_key={self.traj_key!r}, done_key={self.done_key!r}, "
-            f"step_count_key={self.step_count_key!r}, fill_value={self.fill_value}, strict={self.strict})"
+            f"step_count_key={self.step_count_key!r}, fill_value={self.fill_value}, strict={self.strict}, "
+            f"index_key={self.index_key!r})"
         )

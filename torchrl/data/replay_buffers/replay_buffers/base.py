@@ -877,12 +877,13 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             data, info = self._first_stage.draw(bs, wait, timeout, cancel_event, self._sample)
         return (data, info) if return_info else data
 
-    def query(self, predicate=None, *, trajectory_key=None) -> list:
+    def query(self, predicate=None, *, trajectory_key=None, fragmented=False, step_key="step_count") -> list:
         """The stored trajectories that ``predicate`` accepts, oldest first (TorchRL's ``ReplayBuffer.query``).
 
         Reads the storage once under the buffer's lock; see
         :func:`~torchrl.data.replay_buffers.query.query_replay_buffer` for the splitting signal, the
-        transforms and the ``traj`` predicates.
+        transforms and the ``traj`` predicates, and for ``fragmented=True`` (interleaved trajectories, each
+        gathered in ``step_key`` order).
 
         Examples:
             >>> import torch
@@ -896,7 +897,8 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
         """
         self._ready()
         with self._replay_lock:
-            return query_replay_buffer(self, predicate, trajectory_key=trajectory_key)
+            return query_replay_buffer(self, predicate, trajectory_key=trajectory_key, fragmented=fragmented,
+                                       step_key=step_key)
 
     def can_sample(self, batch_size: int | None = None) -> bool:
         """Whether :meth:`sample` can serve a batch of ``batch_size`` (default: the buffer's) now: the sampler
