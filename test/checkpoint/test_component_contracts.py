@@ -34,6 +34,7 @@ from torchrl.data import (
     CompressedListStorage,
     ConsumingSampler,
     DatasetStorage,
+    GeometricTrajectoryWindowSampler,
     ImmutableDatasetWriter,
     LazyMemmapStorage,
     LazyStackStorage,
@@ -65,7 +66,7 @@ N = 12
 
 
 def rows(n: int = N, start: int = 0) -> TensorDict:
-    """``n`` steps holding every key a sampler of the tables reads: episodes of 4 steps, prompts of 4 completions,
+    """``n`` steps holding every key a sampler of the tables reads: episodes of 4 steps (with their step counts), prompts of 4 completions,
     policy versions, rewards and done flags."""
     ids = torch.arange(start, start + n)
     done = (ids % 4 == 3).unsqueeze(-1)
@@ -73,6 +74,7 @@ def rows(n: int = N, start: int = 0) -> TensorDict:
         {
             "obs": ids.float().unsqueeze(-1).expand(n, 3).clone(),
             "episode": ids // 4,
+            "step_count": ids % 4,
             "query": ids // 4,
             "policy_version": ids // 6,
             "reward": (ids % 5).float(),
@@ -154,6 +156,9 @@ SAMPLERS: dict[str, Case] = {
     "StalenessAwareSampler": Case(StalenessAwareSampler, lambda s: (setattr(s, "consumer_version", 2),
                                                                     _primed_through_a_buffer(s))),  # fmt: skip
     "StreamingSliceSampler": Case(lambda: StreamingSliceSampler(slice_len=2), _primed_through_a_buffer),
+    "GeometricTrajectoryWindowSampler": Case(
+        lambda: GeometricTrajectoryWindowSampler(1, 2, 0.5, trajectory_key="episode"), _primed_through_a_buffer
+    ),
     "PromptGroupSampler": Case(
         lambda: PromptGroupSampler(samples_per_group=2, strategy="recency"), _primed_through_a_buffer
     ),
