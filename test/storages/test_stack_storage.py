@@ -15,10 +15,12 @@ from torch.utils.data import DataLoader
 from torchrl.data import (
     LazyStackStorage,
     ListStorage,
+    PrioritizedSampler,
     RandomSampler,
     ReplayBuffer,
     SamplerWithoutReplacement,
     SliceSampler,
+    TensorDictReplayBuffer,
     tensordict_collate,
 )
 from torchrl.data.replay_buffers.checkpointers import CheckpointError, read_checkpoint, write_checkpoint
@@ -326,3 +328,18 @@ def test_spawn_workers_are_refused_with_the_way_out():
                         multiprocessing_context="spawn", timeout=120)
     with pytest.raises(RuntimeError, match=r"Cannot share a storage of type LazyStackStorage.*fork"):
         next(iter(loader))
+
+
+def test_entries_set_on_a_sample_never_reach_the_stored_items():
+    """A lazy-stack read holds shallow copies: the buffer's info entries (``priority_weight``) and the user's own
+    entries stay on the sample, and an item drawn twice is two members (one's info does not overwrite the other's)."""
+    rb = TensorDictReplayBuffer(
+        storage=LazyStackStorage(10), batch_size=6, sampler=PrioritizedSampler(10, alpha=0.7, beta=0.5)
+    )
+    rb.extend(lazy_stack([TensorDict(obs=torch.randn(i + 1)) for i in range(4)]))
+    stored_keys = [sorted(rb.storage[i].keys()) for i in range(4)]
+    sample = rb.sample()
+    sample.set("advantage", torch.arange(6.0))
+    assert {"priority_weight", "advantage"} <= set(sample.keys())
+    assert [sorted(rb.storage[i].keys()) for i in range(4)] == stored_keys == [["index", "obs"]] * 4
+    assert sample["advantage"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]  # six members, even for repeated items

@@ -137,13 +137,18 @@ class LazyStackStorage(ListStorage):
 
     def get(self, index):
         """One item for an int; a :class:`~tensordict.LazyStackedTensorDict` of the items for a slice or an
-        index (an empty lazy stack for an empty index)."""
+        index (an empty lazy stack for an empty index).
+
+        The stack holds a shallow copy of each item (its own keys, the stored tensors): entries set on a sample
+        (a buffer's ``"index"``, a transform's output) never reach the stored items, and an item drawn twice is
+        two members.
+        """
         out = super().get(index)
         if not isinstance(out, list):
             return out
         if not out:
             return LazyStackedTensorDict(stack_dim=0)
-        return lazy_stack(out, self._normalized_stack_dim(out))
+        return lazy_stack([item.copy() for item in out], self._normalized_stack_dim(out))
 
     # -- state -----------------------------------------------------------------------------------------------
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
