@@ -443,6 +443,7 @@ class Storage(Component):
             >>> with tempfile.TemporaryDirectory() as d:
             ...     storage.dumps(os.path.join(d, "s"))
             ...     fresh = LazyTensorStorage(10)
+            ...     fresh.set(0, torch.tensor(0))  # tensor data fill a storage that holds data (TorchRL's rule)
             ...     fresh.loads(os.path.join(d, "s"))
             >>> fresh.get(torch.arange(3)).tolist(), storage.get(torch.arange(3)).tolist()
             ([10, 11, 12], [0, 1, 2])
