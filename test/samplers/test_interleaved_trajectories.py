@@ -676,3 +676,62 @@ def test_the_index_equals_a_rebuild_whatever_the_write_pattern(seed):
         for name in ("slots", "steps", "traj", "run_start", "run_length", "run_traj"):
             assert torch.equal(getattr(runs, name), getattr(fresh, name)), name
     assert runs.rebuilds < runs.catch_ups
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_eligible_runs_and_draws_follow_appends_as_a_rebuild(seed):
+    # the runs long enough for a window and the sampler's eligible table are kept as writes are caught up (ids
+    # growing: runs leave at the front, new ones come at the back): they, the run lookups and the windows drawn
+    # for the same generator state are those of an index and a sampler built from scratch
+    g = np.random.default_rng(seed)
+    rows, streams = int(g.integers(30, 90)), int(g.integers(2, 8))
+    storage = LazyTensorStorage(rows)
+    runs = InterleavedRuns("traj", STEP)
+    kept = {
+        strict: SliceSampler(slice_len=4, traj_key="traj", fragmented=True, strict_length=strict)
+        for strict in (True, False)
+    }
+    current, step, next_id, cursor = list(range(streams)), [0] * streams, streams, 0
+    for it in range(80):
+        k = int(g.integers(1, rows // 3))
+        ids, steps = [], []
+        for _ in range(k):
+            e = int(g.integers(streams))
+            step[e] += int(g.random() < 0.05)  # a missing step splits a run
+            ids.append(current[e])
+            steps.append(step[e])
+            step[e] += 1
+            if g.random() < 0.04:
+                current[e], next_id, step[e] = next_id, next_id + 1, 0
+        storage.set(
+            torch.arange(cursor, cursor + k) % rows,
+            TensorDict(traj=torch.tensor(ids), step_count=torch.tensor(steps), batch_size=[k]),
+        )
+        cursor = (cursor + k) % rows
+        runs.refresh(storage)
+        fresh = InterleavedRuns("traj", STEP)
+        fresh.refresh(storage)
+        for need in (1, 3, 6):
+            assert torch.equal(runs.eligible(need), fresh.eligible(need)), need
+        assert runs.longest() == fresh.longest()
+        cells = g.integers(0, rows, 20)
+        (live, run, offset), (live_f, run_f, offset_f) = runs.locate(cells), fresh.locate(cells)
+        assert np.array_equal(live, live_f)
+        assert np.array_equal(run[live], run_f[live]) and np.array_equal(offset[live], offset_f[live])
+        assert np.array_equal(runs.run_starts_of(run[live]), fresh.run_start.numpy()[run_f[live]])
+        for strict, sampler in kept.items():
+            drawn = []
+            for chosen in (
+                sampler,
+                SliceSampler(slice_len=4, traj_key="traj", fragmented=True, strict_length=strict),
+            ):
+                torch.manual_seed(it)
+                try:
+                    index, info = chosen.sample(storage, 16)
+                    drawn.append(
+                        (index[0].tolist(), {str(key): value.tolist() for key, value in info.items()})
+                    )
+                except RuntimeError as error:  # no run of 4 steps yet (strict_length=True): the same error
+                    drawn.append(str(error))
+            assert drawn[0] == drawn[1]
+    assert runs.rebuilds == 1 and kept[True].trajectory_index_stats["catch_ups"] > 40

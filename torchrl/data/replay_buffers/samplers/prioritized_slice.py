@@ -200,7 +200,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
             ok = live & (length - offset >= self._need(slice_len))
             if not self.strict_length:
                 ok |= live & (offset == 0)
-            return ok, runs.run_start.numpy()[run], length, offset
+            return ok, runs.run_starts_of(run), length, offset
         position = bounds.extra.get(("prioritized_positions", slice_len))
         table = self._start_table(bounds, slice_len)
         if position is None:  # tree position -> its row of the start table, -1 where no slice starts
@@ -278,7 +278,8 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         """The table of the drawn slices' trajectories, one per slice (slice ``i`` is its entry ``i``)."""
         count = self._start_counts(length, slice_len)
         starts, lengths, count = (torch.from_numpy(a) for a in (start, length, count))
-        if bounds.live is None and bounds.index.starts.device.type != "cpu":
+        on_host = bounds.live is not None or isinstance(bounds.index, RunTrajectories)  # (runs: numpy-backed)
+        if not on_host and bounds.index.starts.device.type != "cpu":
             device = bounds.index.starts.device
             starts, lengths, count = starts.to(device), lengths.to(device), count.to(device)
         return _Eligible(

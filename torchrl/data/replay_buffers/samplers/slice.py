@@ -67,7 +67,7 @@ from torchrl.data.replay_buffers.trajectories.columns import (
 )
 from torchrl.data.replay_buffers.trajectories.dense_index import DenseEligible, DenseTrajectories
 from torchrl.data.replay_buffers.trajectories.ends import find_trajectories, format_lengths
-from torchrl.data.replay_buffers.trajectories.interleaved import InterleavedRuns
+from torchrl.data.replay_buffers.trajectories.interleaved import InterleavedRuns, RunTrajectories
 from torchrl.data.replay_buffers.trajectories.keys import DONE_KEY, sibling_key, trajectory_keys
 from torchrl.data.replay_buffers.trajectories.layout import TrajectoryIndex, ring_layout
 from torchrl.data.replay_buffers.trajectories.live_index import (
@@ -720,6 +720,12 @@ class SliceSampler(Sampler):
             elig = LiveEligible(bounds.live, slice_len, left, right, self.strict_length)
             if self.strict_length and not elig.size:
                 self._raise_too_short(elig.all_lengths(), slice_len)
+            bounds.eligible[slice_len] = elig
+            return elig
+        if isinstance(bounds.index, RunTrajectories):  # fragmented (no span): kept up to date by the index
+            elig = bounds.index.eligible_table(slice_len, self.strict_length)
+            if self.strict_length and not elig.size:
+                self._raise_too_short(bounds.index.lengths, slice_len)
             bounds.eligible[slice_len] = elig
             return elig
         if isinstance(bounds.index, DenseTrajectories):  # strict_length=True (see _finds_dense)
