@@ -117,7 +117,7 @@ def conditional_update(
             ``version`` (or the reverse), a non-scalar, dotted or patched ``version_key``.
         KeyError: a patch key or ``version_key`` the stored records do not hold.
     """
-    _check_supported(storage, writer)
+    check_conditional_support(storage, writer)
     require_newer = check_bool("require_newer", require_newer)
     if (version_key is None) != (version is None):
         given, missing = ("version_key", "version") if version is None else ("version", "version_key")
@@ -162,18 +162,22 @@ def _result(updated: torch.Tensor, rejected: torch.Tensor | None) -> Conditional
 
 
 # -- arguments ---------------------------------------------------------------------------------------------------
-def _check_supported(storage, writer) -> None:
+def check_conditional_support(storage, writer, *, owner: str = "this buffer's", build: str = "the buffer",
+                              where: str = "") -> None:
+    """Raises ``CONDITIONAL_UNSUPPORTED`` unless ``storage`` is a tensor storage and ``writer`` tracks slot
+    generations (what :func:`conditional_update` needs); ``owner``/``build``/``where`` word the message for a
+    buffer (the defaults) or for a member of an ensemble."""
     if not isinstance(storage, TensorStorage):
         raise CONDITIONAL_UNSUPPORTED.error(
-            needs="a tensor storage (LazyTensorStorage, LazyMemmapStorage or TensorStorage) of TensorDicts",
-            got=f"this buffer's storage is a {type(storage).__name__}",
-            fix="Build the buffer with storage=LazyTensorStorage(...) or LazyMemmapStorage(...).",
+            needs=f"a tensor storage (LazyTensorStorage, LazyMemmapStorage or TensorStorage) of TensorDicts{where}",
+            got=f"{owner} storage is a {type(storage).__name__}",
+            fix=f"Build {build} with storage=LazyTensorStorage(...) or LazyMemmapStorage(...).",
         )
     if not getattr(writer, "tracks_generations", False):
         raise CONDITIONAL_UNSUPPORTED.error(
-            needs="a writer that tracks slot generations",
-            got=f"this buffer's writer is {type(writer).__name__}, built without track_generations=True",
-            fix="Build the buffer with writer=TensorDictRoundRobinWriter(track_generations=True) (or "
+            needs=f"a writer that tracks slot generations{where}",
+            got=f"{owner} writer is {type(writer).__name__}, built without track_generations=True",
+            fix=f"Build {build} with writer=TensorDictRoundRobinWriter(track_generations=True) (or "
             "RoundRobinWriter(track_generations=True)).",
         )
 

@@ -60,13 +60,13 @@ from torchrl.data.replay_buffers.loading.collate import stack_samples
 from torchrl.data.replay_buffers.replay_buffers._checks import share_transform_write_state
 from torchrl.data.replay_buffers.replay_buffers.base import ReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.conditional_update import (
-    CONDITIONAL_UNSUPPORTED,
     ConditionalUpdateResult,
+    check_conditional_support,
 )
 from torchrl.data.replay_buffers.replay_buffers.tensordict import set_entries
 from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.data.replay_buffers.samplers.ensemble import SamplerEnsemble
-from torchrl.data.replay_buffers.storages import Storage, TensorStorage
+from torchrl.data.replay_buffers.storages import Storage
 from torchrl.data.replay_buffers.storages.ensemble import StorageEnsemble, _member_index, selected_members
 from torchrl.data.replay_buffers.writers import Writer
 from torchrl.data.replay_buffers.writers.ensemble import WriterEnsemble
@@ -631,7 +631,8 @@ class ReplayBufferEnsemble(ReplayBuffer):
                 f"holding each record's version>, version=<the patch's version>) or neither."
             )
         for i, rb in enumerate(self._rbs):
-            _check_conditional_member(i, rb)
+            check_conditional_support(rb.storage, rb.writer, owner=f"member {i}'s", build="every member",
+                                      where=" in every member")
         shape = index.batch_size
         n = shape.numel()
         ids = index.get("buffer_ids")
@@ -906,23 +907,6 @@ def _write_generations(writer, rows: torch.Tensor) -> torch.Tensor:
 
 
 # -- conditional updates -----------------------------------------------------------------------------------------
-def _check_conditional_member(i: int, rb: ReplayBuffer) -> None:
-    storage, writer = rb.storage, rb.writer
-    if not isinstance(storage, TensorStorage):
-        raise CONDITIONAL_UNSUPPORTED.error(
-            needs="a tensor storage in every member",
-            got=f"member {i}'s storage is a {type(storage).__name__}",
-            fix="Build every member with storage=LazyTensorStorage(...) or LazyMemmapStorage(...).",
-        )
-    if not getattr(writer, "tracks_generations", False):
-        raise CONDITIONAL_UNSUPPORTED.error(
-            needs="a writer that tracks slot generations in every member",
-            got=f"member {i}'s writer is {type(writer).__name__}, built without track_generations=True",
-            fix="Build every member with writer=RoundRobinWriter(track_generations=True) (or "
-            "TensorDictRoundRobinWriter(track_generations=True)).",
-        )
-
-
 def _patch_entries(patch) -> list:
     """``patch`` as ``[(key, value)]`` leaves (nested dicts give tuple keys)."""
     if isinstance(patch, TensorDictBase):
