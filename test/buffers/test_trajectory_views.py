@@ -13,8 +13,11 @@ from helpers.factories import make_buffer
 from tensordict import TensorDict, lazy_stack
 
 from torchrl.data import LazyTensorStorage, Trajectory, filter_trajectories, iter_trajectories, traj
-from torchrl.data.replay_buffers.trajectories.interleaved import FRAGMENTED_DUPLICATE, FRAGMENTED_NO_TRAJ
-from torchrl.data.replay_buffers.trajectories.split import QUERY_FRAGMENTED_STEP_KEY
+from torchrl.data.replay_buffers.trajectories.interleaved import (
+    FRAGMENTED_DUPLICATE,
+    FRAGMENTED_NO_TRAJ,
+    FRAGMENTED_STEP_KEY,
+)
 
 
 def episodes(lengths) -> TensorDict:
@@ -204,7 +207,7 @@ def test_fragmented_errors():
         list(iter_trajectories(data.exclude("collector"), fragmented=True))
     with pytest.raises(KeyError, match="step_key 'tick' not found"):
         list(iter_trajectories(data, fragmented=True, step_key="tick"))
-    with pytest.raises(ValueError, match=QUERY_FRAGMENTED_STEP_KEY.phrase):
+    with pytest.raises(ValueError, match=FRAGMENTED_STEP_KEY.phrase):
         filter_trajectories(data, fragmented=True, step_key=None)
     with pytest.raises(TypeError, match="`fragmented` must be a bool"):
         filter_trajectories(data, fragmented="yes")

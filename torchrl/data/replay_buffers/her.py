@@ -25,15 +25,14 @@ import torch
 from tensordict import TensorDictBase, unravel_key
 
 from torchrl._phrases import TorchRLPhrase
-from torchrl._validation import check_bool
 from torchrl.data.replay_buffers._checkpoint.parts import PartContext
 from torchrl.data.replay_buffers.errors import CheckpointError
 from torchrl.data.replay_buffers.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
-from torchrl.data.replay_buffers.samplers._slice_args import SLICE_FRAGMENTED_STEP_KEY
 from torchrl.data.replay_buffers.storages import ListStorage, TensorStorage
 from torchrl.data.replay_buffers.trajectories.columns import column_or_none
 from torchrl.data.replay_buffers.trajectories.ends import find_trajectories
+from torchrl.data.replay_buffers.trajectories.interleaved import check_fragmented_step_key
 from torchrl.data.replay_buffers.trajectories.layout import newest_row, oldest_row
 from torchrl.data.replay_buffers.trajectories.run_positions import RunPositions
 
@@ -236,9 +235,7 @@ class HERReplayBuffer(TensorDictReplayBuffer):
             )
         her_ratio = _her_ratio(her_ratio)
         strategy = _strategy(strategy)
-        fragmented = check_bool("fragmented", fragmented, hint="Pass fragmented=True for interleaved steps.")
-        if fragmented and step_key is None:
-            raise SLICE_FRAGMENTED_STEP_KEY.error()
+        fragmented = check_fragmented_step_key(fragmented, step_key)
         step_key = None if step_key is None else _key("step_key", step_key)
         traj_key = None if traj_key is None else _key("traj_key", traj_key)
         keys = {name: _key(name, value) for name, value in (

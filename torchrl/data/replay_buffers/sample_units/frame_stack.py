@@ -20,11 +20,11 @@ import functools
 import torch
 from tensordict import NestedKey, TensorDictBase
 
-from torchrl._validation import check_bool, check_positive_int, is_real
+from torchrl._validation import check_positive_int, is_real
 from torchrl.data.replay_buffers.sample_units.base import SampleUnit
-from torchrl.data.replay_buffers.samplers._slice_args import SLICE_FRAGMENTED_STEP_KEY
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
 from torchrl.data.replay_buffers.trajectories.columns import read_column
+from torchrl.data.replay_buffers.trajectories.interleaved import check_fragmented_step_key
 from torchrl.data.replay_buffers.trajectories.keys import DONE_KEY, normalize_key, trajectory_keys
 from torchrl.data.replay_buffers.trajectories.layout import ring_layout
 from torchrl.data.replay_buffers.trajectories.run_positions import RunPositions
@@ -156,9 +156,7 @@ class FrameStack(SampleUnit):
             )
         self.traj_key = None if traj_key is None else normalize_key(traj_key)
         self.end_key = None if end_key is None else normalize_key(end_key)
-        self.fragmented = check_bool("fragmented", fragmented, hint="Pass fragmented=True for interleaved steps.")
-        if fragmented and step_key is None:
-            raise SLICE_FRAGMENTED_STEP_KEY.error()
+        self.fragmented = check_fragmented_step_key(fragmented, step_key)
         if fragmented and end_key is not None:
             raise ValueError(
                 f"FrameStack(fragmented=True) finds episodes by trajectory id and step number; done flags "

@@ -15,9 +15,7 @@ import torch
 from tensordict import TensorDictBase, is_tensorclass
 
 from torchrl._phrases import TorchRLPhrase
-from torchrl._validation import check_bool
 from torchrl.data.replay_buffers.sample_units.base import SampleUnit
-from torchrl.data.replay_buffers.samplers._slice_args import SLICE_FRAGMENTED_STEP_KEY
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
 from torchrl.data.replay_buffers.trajectories.columns import (
     as_step_values,
@@ -26,6 +24,7 @@ from torchrl.data.replay_buffers.trajectories.columns import (
     read_ring_range,
 )
 from torchrl.data.replay_buffers.trajectories.ends import find_trajectories
+from torchrl.data.replay_buffers.trajectories.interleaved import check_fragmented_step_key
 from torchrl.data.replay_buffers.trajectories.keys import normalize_key
 from torchrl.data.replay_buffers.trajectories.layout import TrajectoryIndex, ring_layout
 from torchrl.data.replay_buffers.trajectories.run_positions import RunPositions
@@ -159,9 +158,7 @@ class Sequence(SampleUnit):
         self.burn_in = _check_int("burn_in", burn_in, 0)
         self.bootstrap = _check_int("bootstrap", bootstrap, 0)
         self.dilation = _check_int("dilation", dilation, 1)
-        self.fragmented = check_bool("fragmented", fragmented, hint="Pass fragmented=True for interleaved steps.")
-        if fragmented and step_key is None:
-            raise SLICE_FRAGMENTED_STEP_KEY.error()
+        self.fragmented = check_fragmented_step_key(fragmented, step_key)
         if fragmented and episode_boundary == "include_reset":
             raise ValueError(
                 "Sequence(fragmented=True) cannot take episode_boundary='include_reset': interleaved trajectories "

@@ -18,6 +18,7 @@ import torch
 from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_positive_int, is_int
 from torchrl.data.replay_buffers.errors import ValueRuntimeError
+from torchrl.data.replay_buffers.trajectories.interleaved import check_fragmented_step_key
 from torchrl.data.replay_buffers.trajectories.keys import normalize_key
 
 SLICE_END_KEYS = TorchRLPhrase(
@@ -25,12 +26,6 @@ SLICE_END_KEYS = TorchRLPhrase(
     "exclusive",
     "end_key and end_keys are mutually exclusive (got end_key={end_key!r}, end_keys={end_keys!r}). Pass one "
     "key with end_key, or several with end_keys.",
-)
-SLICE_FRAGMENTED_STEP_KEY = TorchRLPhrase(
-    ValueError,
-    "step_key must be provided when fragmented=True",
-    "step_key must be provided when fragmented=True: it names the entry holding each step's number within its "
-    "trajectory (got step_key=None). Pass step_key='step_count' (the default) or the entry your collector writes.",
 )
 SLICE_FRAGMENTED_SPAN = TorchRLPhrase(
     NotImplementedError,
@@ -130,14 +125,8 @@ def check_use_gpu(use_gpu) -> bool | torch.device:
 
 def check_fragmented(fragmented, step_key, span, compile, ends, trajectories) -> None:
     """``fragmented=True`` (interleaved trajectories): the arguments it refuses, as TorchRL refuses them."""
-    if not isinstance(fragmented, bool):
-        raise TypeError(
-            f"`fragmented` must be a bool, got {fragmented!r}. Pass fragmented=True for interleaved steps."
-        )
-    if not fragmented:
+    if not check_fragmented_step_key(fragmented, step_key):
         return
-    if step_key is None:
-        raise SLICE_FRAGMENTED_STEP_KEY.error()
     if ends is not None or trajectories is not None:
         name = "ends" if ends is not None else "trajectories"
         raise ValueError(

@@ -82,6 +82,7 @@ import torch
 from tensordict import TensorDictBase, is_tensorclass
 
 from torchrl._phrases import TorchRLPhrase
+from torchrl._validation import check_bool
 from torchrl.data.replay_buffers.storages.list import ListStorage
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
 from torchrl.data.replay_buffers.trajectories.keys import normalize_key, trajectory_keys
@@ -100,6 +101,12 @@ __all__ = [
 #: TorchRL's probe without ``traj_key``: ``("collector", "traj_ids")``, then ``"episode"``.
 PROBED_KEYS = trajectory_keys(exclude=("traj_ids",))
 
+FRAGMENTED_STEP_KEY = TorchRLPhrase(
+    ValueError,
+    "step_key must be provided when fragmented=True",
+    "step_key must be provided when fragmented=True: it names the entry holding each step's number within its "
+    "trajectory (got step_key=None). Pass step_key='step_count' (the default) or the entry your collector writes.",
+)
 FRAGMENTED_NO_TRAJ = TorchRLPhrase(
     RuntimeError,
     "fragmented=True requires a trajectory identifier under traj_key; end-of-trajectory flags alone cannot "
@@ -157,6 +164,15 @@ _STEP_BITS = 32
 _STEP_LIMIT = (1 << _STEP_BITS) - 1  # steps below it, ids within 2**30 of the lowest: composite keys
 _ID_RANGE = 1 << 30
 _EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def check_fragmented_step_key(fragmented, step_key) -> bool:
+    """``fragmented`` checked to be a bool (returned), and, when it is ``True``, a ``step_key`` given: what every
+    reader of interleaved trajectories (slice samplers, sample units, HER, queries) asks of its arguments."""
+    fragmented = check_bool("fragmented", fragmented, hint="Pass fragmented=True for interleaved steps.")
+    if fragmented and step_key is None:
+        raise FRAGMENTED_STEP_KEY.error()
+    return fragmented
 
 
 def too_short_error(lengths: torch.Tensor, need: int) -> BaseException:

@@ -21,6 +21,7 @@ from torchrl.data.replay_buffers.trajectories.interleaved import (
     FRAGMENTED_DUPLICATE,
     FRAGMENTED_NEGATIVE_STEP,
     FRAGMENTED_NO_TRAJ,
+    FRAGMENTED_STEP_KEY,
     entry_values,
 )
 from torchrl.data.replay_buffers.trajectories.keys import END_FLAG_NAMES, TRAJECTORY_KEYS
@@ -151,14 +152,6 @@ def signal_keys(storage, trajectory_key=None) -> set | None:
 # -- interleaved (fragmented) trajectories -------------------------------------------------------------------------
 # The checks of the stored ids and steps are those of the interleaved-runs index (its phrase constants and
 # entry_values), so a query and a fragmented sampler refuse the same data with the same messages.
-QUERY_FRAGMENTED_STEP_KEY = TorchRLPhrase(
-    ValueError,
-    "step_key must be provided when fragmented=True",
-    "step_key must be provided when fragmented=True: a trajectory query orders each trajectory's interleaved steps "
-    "by it (got step_key=None). Pass step_key='step_count' (the default) or the entry your collector writes.",
-)
-
-
 def fragmented_signal(data: TensorDictBase, trajectory_key=None, step_key="step_count"):
     """``(ids, steps)`` per step of ``data`` (shape ``data.batch_size``), for interleaved trajectories.
 
@@ -192,7 +185,7 @@ def fragmented_signal(data: TensorDictBase, trajectory_key=None, step_key="step_
 def _fragmented_entries(data: TensorDictBase, trajectory_key, step_key) -> tuple:
     """The trajectory-id and step entries of ``data`` (``(traj_key, step_key)``), checked to be there."""
     if step_key is None:
-        raise QUERY_FRAGMENTED_STEP_KEY.error()
+        raise FRAGMENTED_STEP_KEY.error()
     keys = set(data.keys(include_nested=True, leaves_only=True))
     if trajectory_key is not None:
         traj_key = unravel_key(trajectory_key)
