@@ -2,13 +2,16 @@
 writer resumes in a storage it is given.
 
 Functions of the values they read (tensors, TensorDicts, tensorclasses, pytrees of tensors); used by
-:class:`~torchrl.data.ReplayBuffer`'s writes and :meth:`~torchrl.data.ReplayBuffer.set_storage`.
+:class:`~torchrl.data.ReplayBuffer`'s writes (the priorities given with them included) and
+:meth:`~torchrl.data.ReplayBuffer.set_storage`.
 """
 
 from __future__ import annotations
 
 import torch
 from tensordict import TensorDictBase, is_tensorclass
+
+from torchrl.data.replay_buffers.samplers.prioritized import reduce_priority
 
 
 def move_dim_to_front(data, dim: int):
@@ -47,6 +50,31 @@ def batch_shape(data) -> torch.Size | None:
 
     shapes = [leaf.shape for leaf in pytree.tree_leaves(data) if isinstance(leaf, torch.Tensor)]
     return min(shapes, key=len) if shapes else None
+
+
+def priorities_per_item(priority, batch, *, dim: int, ndim: int, dim_extend: int, reduction: str) -> torch.Tensor:
+    """``priority`` (``extend(update_priority=...)``: a number, or one value per item in the layout of the data)
+    as a tensor shaped like the items of ``batch`` (items along its dim ``dim``; the storage's first ``ndim``
+    dims), items first, trailing dims reduced with ``reduction``; ``ValueError`` when the count does not match."""
+    shape = [len(batch)] if isinstance(batch, list) else batch_shape(batch)
+    shape = [items_in(batch)] if shape is None or len(shape) < max(ndim, dim + 1) else list(shape)
+    if dim:
+        shape[0], shape[dim] = shape[dim], shape[0]
+    shape = shape[:ndim]
+    values = torch.as_tensor(priority)
+    if values.ndim == 0:
+        return values.expand(shape)
+    if dim_extend and values.ndim > dim_extend:  # given in the layout of the data
+        values = values.transpose(0, dim_extend)
+    values = reduce_priority(values, reduction, batch_dims=ndim)
+    if list(values.shape) != shape:
+        raise ValueError(
+            f"`update_priority` has shape {list(torch.as_tensor(priority).shape)}, for written items of "
+            f"shape {shape} (items first; the items the inverse transforms return, if any): pass one "
+            f"priority per item (in the layout of the data, items along dim_extend={dim_extend}), "
+            f"or one number for all. Nothing was written."
+        )
+    return values
 
 
 def next_row(storage) -> int:

@@ -57,10 +57,10 @@ from torchrl.data.replay_buffers.loading.collate import stack_samples
 from torchrl.data.replay_buffers.loading.pinning import pin_host_memory
 from torchrl.data.replay_buffers.query import query_replay_buffer
 from torchrl.data.replay_buffers.replay_buffers._batch_layout import (
-    batch_shape,
     items_in,
     move_dim_to_front,
     next_row,
+    priorities_per_item,
 )
 from torchrl.data.replay_buffers.replay_buffers._checks import (
     built,
@@ -98,7 +98,6 @@ from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
 from torchrl.data.replay_buffers.samplers.prioritized import (
     PrioritizedSampler,
     check_priorities,
-    reduce_priority,
 )
 from torchrl.data.replay_buffers.storages import ListStorage, Storage, TensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter, Writer
@@ -693,34 +692,15 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
                 f"Nothing was written."
             )
 
-        def per_item(batch, dim: int) -> torch.Tensor:
-            """The priorities, items first, checked against ``batch`` (items along ``dim``)."""
-            shape = [len(batch)] if isinstance(batch, list) else batch_shape(batch)
-            shape = [items_in(batch)] if shape is None or len(shape) < max(ndim, dim + 1) else list(shape)
-            if dim:
-                shape[0], shape[dim] = shape[dim], shape[0]
-            shape = shape[:ndim]
-            values = torch.as_tensor(priority)
-            if values.ndim == 0:
-                return values.expand(shape)
-            if self._dim_extend and values.ndim > self._dim_extend:  # given in the layout of the data
-                values = values.transpose(0, self._dim_extend)
-            values = reduce_priority(values, sampler.reduction, batch_dims=ndim)
-            if list(values.shape) != shape:
-                raise ValueError(
-                    f"`update_priority` has shape {list(torch.as_tensor(priority).shape)}, for written items of "
-                    f"shape {shape} (items first; the items the inverse transforms return, if any): pass one "
-                    f"priority per item (in the layout of the data, items along dim_extend={self._dim_extend}), "
-                    f"or one number for all. Nothing was written."
-                )
-            return values
-
         fix = "pass finite priorities >= 0 (e.g. td_error.abs(), with NaN replaced). Nothing was written."
-        check_priorities(per_item(data, self._dim_extend), "update_priority", fix=fix)  # before any transform runs
+        layout = {"ndim": ndim, "dim_extend": self._dim_extend, "reduction": sampler.reduction}
+        values = priorities_per_item(priority, data, dim=self._dim_extend, **layout)
+        check_priorities(values, "update_priority", fix=fix)  # before any transform runs
         batch = self._as_stored_batch(data)
         if batch is None:
             return torch.zeros((0, ndim), dtype=torch.long)
-        values = check_priorities(per_item(batch, 0), "update_priority", fix=fix)  # what the transforms kept
+        values = priorities_per_item(priority, batch, dim=0, **layout)
+        values = check_priorities(values, "update_priority", fix=fix)  # what the transforms kept
         return self._write_batch(batch, values, timeout)
 
     def _as_stored_batch(self, data):

@@ -92,6 +92,7 @@ from torchrl.data.replay_buffers.trajectories.live_index import LiveEligible
 __all__ = [
     "InterleavedRuns",
     "RunTrajectories",
+    "check_fragmented_step_key",
     "check_run_length",
     "entry_values",
     "resolve_traj_key",
