@@ -696,11 +696,12 @@ def test_out_of_scope_names_name_their_torchrl_area(name):
     assert not found
 
 
-def test_storestorage_is_refused_from_the_storages_subpackage_too():
-    from torchrl.data._torchrl_names import NotProvidedError
+def test_storestorage_imports_from_every_torchrl_path():
+    from torchrl.data import StoreStorage
 
-    with pytest.raises(NotProvidedError, match="'StoreStorage' is a TorchRL replay-buffer name"):
-        _import_from("torchrl.data.replay_buffers.storages", "StoreStorage")
+    for module in ("torchrl.data.replay_buffers", "torchrl.data.replay_buffers.storages",
+                   "torchrl.data.replay_buffers.storages.store"):
+        assert _import_from(module, "StoreStorage") is StoreStorage
 
 
 def test_other_missing_names_keep_python_s_errors_and_hasattr():

@@ -5,7 +5,7 @@ storages, ``samplers.random`` the uniform samplers, ...). Here the storages and 
 paths gather the family; the two small writers TorchRL keeps beside their base class live there too
 (``writers.base``, ``writers.round_robin``). Whatever the path, it is the same class object as the package's and
 ``torchrl.data``'s. Also the small
-modules TorchRL keeps at such paths: ``storages.store`` (``StoreStorage``, not provided yet) and ``utils``'s
+modules TorchRL keeps at such paths: ``storages.store`` (``StoreStorage``) and ``utils``'s
 ``unravel_index`` (the deprecated buffer names and the collate helpers of ``storages.utils`` are tested in their
 areas: ``buffers/test_deprecated_buffer_names.py``, ``storages/test_default_collate_helpers.py``).
 """
@@ -23,7 +23,6 @@ from torchrl.data import (
     RandomSampler,
     SamplerWithoutReplacement,
 )
-from torchrl.data._torchrl_names import NotProvidedError
 
 RB = "torchrl.data.replay_buffers"
 
@@ -65,14 +64,11 @@ def test_random_sampler_without_replacement_still_builds_the_sampler_without_rep
     assert sorted(drawn.tolist()) == list(range(6))  # one epoch: every item once
 
 
-# -- storages.store: StoreStorage belongs to a later release -------------------------------------------------------
-def test_the_store_module_imports_and_refuses_store_storage_with_a_reason():
+# -- storages.store: StoreStorage ------------------------------------------------------------------------------------
+def test_the_store_module_holds_the_package_s_store_storage():
     store = importlib.import_module(f"{RB}.storages.store")
-    with pytest.raises(NotProvidedError, match="'StoreStorage' is a TorchRL replay-buffer name"):
-        _ = store.StoreStorage
-    with pytest.raises(ImportError, match="does not implement"):
-        exec(f"from {RB}.storages.store import StoreStorage", {})
-    assert "StoreStorage" not in dir(store)
+    assert store.StoreStorage is torchrl.data.StoreStorage
+    assert store.__all__ == ["StoreStorage"] and "StoreStorage" in dir(store)
 
 
 # -- utils.unravel_index --------------------------------------------------------------------------------------------

@@ -47,15 +47,13 @@ _SOURCES = ("atari_dqn", "d4rl_infos", "gen_dgrl", "openml", "openx", "roboset",
 OUT_OF_SCOPE = {
     # Specs, LLM data, MCTS and robot-dataset helpers: they raise NotProvidedError naming their TorchRL area.
     "The non-replay-buffer parts of ``torchrl.data``": (
-        lambda module, name: name in NOT_PROVIDED and name != "StoreStorage"
+        lambda module, name: name in NOT_PROVIDED
     ),
     # Dataset sources other than Minari, D4RL and LeRobot (d4rl_infos is D4RL's table of remote URLs).
     "The dataset sources of ``torchrl.data.datasets`` other than Minari, D4RL and LeRobot": (
         lambda module, name: module.rsplit(".", 1)[-1] in _SOURCES
         or (module == "torchrl.data.datasets" and name in NOT_PROVIDED_SOURCES.values())
     ),
-    # The Redis-backed storage (issue 43 builds it).
-    "``StoreStorage`` (Redis)": lambda module, name: name == "StoreStorage",
 }
 
 #: What ``differences.rst`` ("Different on purpose") says differs in a signature, keyed by the words of its

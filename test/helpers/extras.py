@@ -31,6 +31,7 @@ EXTRA_PACKAGES: dict[str, tuple[str, ...]] = {
     "minari": ("minari",),
     "numba": ("numba",),
     "video": ("av",),
+    "redis": ("redis",),
 }
 
 

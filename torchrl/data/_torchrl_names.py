@@ -52,7 +52,7 @@ _AREAS: dict[str, tuple[str, ...]] = {
         "VocabTailActionTokenizer", "clear_video_decoder_cache", "set_video_decoder_cache_size",
         "validate_vla_tensordict",
     ),
-    _RB: ("StoreStorage",),
+    _RB: (),
 }  # fmt: skip
 
 #: Each TorchRL ``torchrl.data`` name this package does not provide, and what it is in TorchRL.

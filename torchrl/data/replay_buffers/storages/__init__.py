@@ -1,6 +1,5 @@
 """Storages: where a replay buffer keeps its data."""
 
-from torchrl.data._torchrl_names import not_provided_getattr
 from torchrl.data.replay_buffers._shared.cleanup import cleanup_stale_scratch_dirs
 from torchrl.data.replay_buffers._shared.lock import cleanup_stale_lock_files
 from torchrl.data.replay_buffers.storages._registry import _MEMMAP_STORAGE_REGISTRY  # noqa: F401 (TorchRL path)
@@ -13,15 +12,15 @@ from torchrl.data.replay_buffers.storages.list import ListStorage
 from torchrl.data.replay_buffers.storages.memmap import LazyMemmapStorage
 from torchrl.data.replay_buffers.storages.stack import LazyStackStorage
 from torchrl.data.replay_buffers.storages.storage_dataset import StorageDataset
+from torchrl.data.replay_buffers.storages.store import StoreStorage
 from torchrl.data.replay_buffers.storages.tensor import TensorStorage
 
 __all__ = ["Storage", "ListStorage", "TensorStorage", "LazyTensorStorage", "LazyMemmapStorage", "StorageEnsemble"]
 __all__ += ["LazyStackStorage", "CompressedListStorage"]
 __all__ += ["DatasetStorage"]
+__all__ += ["StoreStorage"]  # rows on a Redis-compatible server
 __all__ += ["StorageDataset", "cleanup_stale_scratch_dirs", "cleanup_stale_lock_files"]  # a storage read as a Dataset; scratch clean-up
 
 for _cls in (Storage, ListStorage, TensorStorage, LazyTensorStorage, LazyMemmapStorage, StorageEnsemble,
              LazyStackStorage, CompressedListStorage, DatasetStorage):
     _cls.__module__ = __name__
-
-__getattr__ = not_provided_getattr(__name__, ["StoreStorage"])  # TorchRL's Redis storage: an ImportError that says so
