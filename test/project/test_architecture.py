@@ -132,6 +132,7 @@ ALLOWED_PRIVATE = {
     "_is_full",  # TorchRL contract: whether a storage holds max_size items (ring-buffer wrap)
     "_max_size_along_dim0",  # TorchRL contract: the rows a writer cycles over in a storage
     "_cursor",  # TorchRL contract: a writer's next row, read and set by TorchRL user code (alias of `cursor`)
+    "_sample_data_parallel",  # TorchRL contract: the owner-side draw a DataParallelReplayBufferClient calls
 }
 
 
@@ -320,6 +321,7 @@ RB = ROOT / "data" / "replay_buffers"
 ROOT_MODULES = {
     "__init__.py", "checkpointers.py", "ray_buffer.py", "utils.py", "scheduler.py",
     "training_state.py", "ted.py", "errors.py", "component.py", "her.py", "offline_to_online.py", "query.py",
+    "distributed.py",
 }
 
 
@@ -420,7 +422,8 @@ LAYERS: list[set[str]] = [
     {f"{_RB}.query", f"{_RB}.hf"},
     {f"{_RB}.replay_buffers"},
     # buffers built on ReplayBuffer, the training state, Ray hosting, offline datasets
-    {f"{_RB}.her", f"{_RB}.training_state", f"{_RB}._ray", f"{_RB}.ray_buffer", "torchrl.data.datasets"},
+    {f"{_RB}.her", f"{_RB}.training_state", f"{_RB}._ray", f"{_RB}.ray_buffer", f"{_RB}.distributed",
+     "torchrl.data.datasets"},
     # offline-to-online mixing (builds a dataset by id)
     {f"{_RB}.offline_to_online"},
     # the package entry points and the users of the data module

@@ -1,8 +1,8 @@
 """Replay buffers: storages, samplers, writers and the buffers that combine them.
 
 TorchRL's module paths sit at this level (``storages``, ``samplers``, ``writers``, ``replay_buffers``,
-``checkpointers``, ``ray_buffer``, ``utils``, ``sample_units``, ``scheduler``), beside ``training_state``,
-``ted`` and ``errors`` (one public concept each) and the public concern packages ``hf`` (Hugging Face exchange),
+``checkpointers``, ``ray_buffer``, ``distributed``, ``utils``, ``sample_units``, ``scheduler``), beside
+``training_state``, ``ted`` and ``errors`` (one public concept each) and the public concern packages ``hf`` (Hugging Face exchange),
 ``loading`` (what the DataLoader adapters stand on) and ``trajectories`` (episodes in a ring storage). The underscore packages (``_checkpoint``, ``_shared``,
 ``_ray``) are internal. ``__all__`` is the union of the public modules' ``__all__``, never retyped here.
 """
@@ -12,6 +12,7 @@ import sys
 from torchrl.data._torchrl_names import REPLAY_BUFFER_NAMES, not_provided_getattr
 from torchrl.data.replay_buffers import (
     checkpointers,
+    distributed,
     errors,
     her,
     hf,
@@ -33,6 +34,7 @@ from torchrl.data.replay_buffers import (
 # and fork] in _shared/openmp_fork.py).
 from torchrl.data.replay_buffers._shared import openmp_fork as _openmp_fork  # noqa: F401
 from torchrl.data.replay_buffers.checkpointers import *  # noqa: F401,F403
+from torchrl.data.replay_buffers.distributed import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.errors import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.her import *  # noqa: F401,F403
 from torchrl.data.replay_buffers.hf import *  # noqa: F401,F403
@@ -53,7 +55,7 @@ from torchrl.data.replay_buffers.writers import *  # noqa: F401,F403
 
 _PUBLIC_MODULES = (
     storages, samplers, writers, replay_buffers, checkpointers, sample_units, scheduler, utils, training_state,
-    ray_buffer, hf, loading, errors, her, query, offline_to_online,
+    ray_buffer, distributed, hf, loading, errors, her, query, offline_to_online,
     frame_stack,
 )  # fmt: skip
 __all__ = list(dict.fromkeys(name for module in _PUBLIC_MODULES for name in module.__all__))

@@ -38,8 +38,13 @@ from torchrl.data.replay_buffers._ray.runtime import (
     import_ray,
     ray_shut_down_error,
 )
+from torchrl.data.replay_buffers._ray.sharded_buffer import (
+    ShardedRayReplayBuffer,
+    ShardedRayReplayBufferClient,
+)
 from torchrl.data.replay_buffers._ray.waiting import poll_until
 from torchrl.data.replay_buffers._ray.wire import decode, decode_all
+from torchrl.data.replay_buffers.distributed import DataParallelReplayBufferClient
 from torchrl.data.replay_buffers.loading.worker_transport import DEFAULT_TRANSPORT
 from torchrl.data.replay_buffers.replay_buffers import ReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers._readiness import check_wait_args
@@ -55,7 +60,7 @@ if TYPE_CHECKING:  # annotations only: the forwarding methods have the hosted bu
     from torchrl.data.replay_buffers.storages import Storage
     from torchrl.data.replay_buffers.writers import Writer
 
-__all__ = ["RayReplayBuffer", "RayReplayBufferDataset"]
+__all__ = ["RayReplayBuffer", "RayReplayBufferDataset", "ShardedRayReplayBuffer", "ShardedRayReplayBufferClient"]
 
 #: ``ray.init`` keywords used when this process has not initialized Ray (``ray_init_config`` overrides them).
 DEFAULT_RAY_INIT_CONFIG: dict[str, Any] = {"include_dashboard": False}
@@ -347,6 +352,39 @@ class RayReplayBufferClient:
         buffer, its budget entries (``sample_budget``, ``target_samples_per_insert``, ...)."""
         return self._call("stats")
 
+    def data_parallel(self, rank: int, world_size: int) -> DataParallelReplayBufferClient:
+        """This handle as data-parallel rank ``rank`` of ``world_size`` sees it: a
+        :class:`~torchrl.data.DataParallelReplayBufferClient` whose ``sample()`` draws the rank's share of a global
+        batch from the actor's buffer."""
+        return DataParallelReplayBufferClient(self, rank=rank, world_size=world_size)
+
+    def _sample_data_parallel(self, batch_size: int, return_info: bool = False, *, wait: bool = False,
+                              timeout: float | None = None, cancel_event=None):
+        """The actor's buffer's ``_sample_data_parallel`` (one rank's share: ``batch_size`` items, refused when the
+        buffer prefetches), returned by value. ``wait``/``timeout``/``cancel_event``: as :meth:`sample`, the wait
+        runs here (NOTE [waiting through a Ray actor]): attempts that never wait in the actor."""
+        if wait is False and timeout is None and cancel_event is None:
+            return self._call("_sample_data_parallel", batch_size, bool(return_info))
+        timeout = check_wait_args(wait, timeout, cancel_event)
+        if not wait:  # a wait=False call with a timeout or an event: the buffer's own check, at once
+            readiness = {"timeout": timeout} if timeout is not None else {}
+            if cancel_event is not None:
+                readiness["cancel_event"] = CANCELLED if cancel_event.is_set() else None
+            return self._call("_sample_data_parallel", batch_size, bool(return_info), **readiness)
+
+        def attempt(first: bool):
+            if not first and not self.can_sample(batch_size):
+                return False, None, None
+            event = CANCELLED if first and cancel_event is not None and cancel_event.is_set() else None
+            try:
+                out = self._call("_sample_data_parallel", batch_size, bool(return_info), wait=True, timeout=0.0,
+                                 cancel_event=event)  # fmt: skip
+            except TimeoutError as err:
+                return False, None, str(err)
+            return True, out, None
+
+        return poll_until(attempt, timeout=timeout, cancel_event=cancel_event)
+
     def sample_raw(self, batch_size: int | None = None):
         """A batch sampled by the actor's buffer without its forward transforms (:meth:`sample_transform`)."""
         return self._remote("sample_raw", batch_size)
@@ -590,6 +628,11 @@ class RayReplayBuffer(RayReplayBufferClient):
                 f"{replay_buffer_cls!r}."
             )
         _check_transport(transport, transport_options)
+        if "num_shards" in kwargs:
+            raise TypeError(
+                f"RayReplayBuffer hosts one buffer in one actor and takes no `num_shards` (got "
+                f"{kwargs['num_shards']!r}): build ShardedRayReplayBuffer(num_shards=N, ...) with the same arguments."
+            )
         for name, value in (("ray_init_config", ray_init_config), ("remote_config", remote_config)):
             if value is not None and not isinstance(value, dict):
                 raise TypeError(f"`{name}` must be a dict of keyword arguments or None, got {value!r}.")
@@ -655,6 +698,11 @@ class RayReplayBuffer(RayReplayBufferClient):
         if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 0:
             raise ValueError(f"`num_clients` must be a non-negative int, got {num_clients!r}.")
         return [self.client() for _ in range(num_clients)]
+
+    def data_parallel(self, rank: int, world_size: int) -> DataParallelReplayBufferClient:
+        """A :class:`~torchrl.data.DataParallelReplayBufferClient` for rank ``rank`` of ``world_size`` over a
+        :meth:`client` (no lifecycle rights): its ``sample()`` draws the rank's share of a global batch."""
+        return DataParallelReplayBufferClient(self.client(), rank=rank, world_size=world_size)
 
     @property
     def closed(self) -> bool:

@@ -6,4 +6,7 @@
 - ``waiting``: ``sample(wait=True)`` and limited writes wait in the client, as attempts that never wait in the actor;
 - ``dataset``: :class:`RayReplayBufferDataset`, DataLoader workers reading through clients of the actor
   (public through ``ray_buffer`` and ``torchrl.data``).
+- ``sharded_buffer``: :class:`ShardedRayReplayBuffer` and its clients, a buffer split over several actors (public
+  through ``ray_buffer`` and ``torchrl.data``), standing on ``shards`` (routing, the two-level draw, global
+  indices), ``shard_host`` (a shard's actor) and ``shard_checkpoint`` (the manifest protocol).
 """

@@ -65,6 +65,20 @@ CONSUMING_WRITER = TorchRLPhrase(
     "Use a RoundRobinWriter (the default).",
 )
 
+DATA_PARALLEL_PREFETCH = TorchRLPhrase(
+    RuntimeError,
+    r"do not support owner-side prefetching\. Construct the replay buffer with prefetch=0\.",
+    "This buffer prefetches (prefetch={prefetch}) and serves data-parallel ranks: DataParallelReplayBufferClients "
+    "do not support owner-side prefetching. Construct the replay buffer with prefetch=0. (Batches sampled ahead "
+    "have the buffer's batch size, not a rank's share of the global batch.)",
+)
+
+
+def check_data_parallel_owner(prefetch: int) -> None:
+    """Refuses a buffer that prefetches as the owner of data-parallel ranks (``_sample_data_parallel``)."""
+    if prefetch:
+        raise DATA_PARALLEL_PREFETCH.error(prefetch=prefetch)
+
 
 def default_writer_for(storage, default: Callable[..., Writer], compilable: bool) -> Writer:
     """The writer of a buffer built over ``storage`` without one: read-only storages get an

@@ -67,6 +67,7 @@ from torchrl.data.replay_buffers.replay_buffers._checks import (
     check_compat_keywords,
     check_component,
     check_consuming_buffer,
+    check_data_parallel_owner,
     check_drop_last,
     check_sample_batch_size,
     check_sampler_fits_storage,
@@ -893,6 +894,13 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             (False, 2, True)
         """
         return self._flow.can_sample(self._resolve_batch_size(batch_size))
+
+    def _sample_data_parallel(self, batch_size: int, *args, **kwargs):
+        """One data-parallel rank's share (``batch_size`` items), drawn for a
+        :class:`~torchrl.data.DataParallelReplayBufferClient` (TorchRL's owner-side contract): :meth:`sample`, refused
+        (``RuntimeError``) when this buffer prefetches."""
+        check_data_parallel_owner(self._prefetcher.capacity)
+        return self.sample(batch_size, *args, **kwargs)
 
     def sample_raw(self, batch_size: int | None = None, return_info: bool = False, *, wait: bool = False,
                    timeout: float | None = None, cancel_event=None):  # fmt: skip

@@ -594,6 +594,28 @@ class PrioritizedSampler(Sampler):
         index = torch.from_numpy(index)
         return (index if ndim == 1 else unravel(index, storage)), {"priority_weight": weight}
 
+    def priority_mass(self, storage) -> tuple[float, float]:
+        """``(sum, min)`` of ``q = (p + eps) ** alpha`` over the items a :meth:`sample` of ``storage`` draws from
+        now (``min`` over the positive ones; ``(0.0, inf)`` when none): the weight of this sampler's items in a
+        draw over several buffers (a :class:`~torchrl.data.ShardedRayReplayBuffer`'s two-level draw) and the
+        minimum its importance weights divide by. Read from one view of the trees, as a draw reads them."""
+        tensors = self._tensors if self._tensors is not None else self._tensors_for(storage)
+        n = min(len(storage), self._capacity)
+        if tensors is not None:
+            tensors.flush()
+            if n == 0:
+                return 0.0, float("inf")
+            smallest = float(tensors.min_tree.query(0, n))
+            return float(tensors.sum_tree.query(0, n)), (
+                float("inf") if smallest >= tensors.min_tree.identity_element else smallest
+            )
+        if n == 0:
+            return 0.0, float("inf")
+        with self._guard.read(self._repair_state):
+            if int(self._scalar_array[_WRITTEN_END]) <= n:  # the draw's fast path: the whole tree
+                return float(self._sum_tree.total), float(self._min_tree.reduce_all())
+            return float(self._sum_tree.query(0, n)), float(self._stored_min(n))
+
     def _sample_tensors(self, tensors: TensorPriorities, storage, batch_size: int):
         """:meth:`sample` on the torch kernel: no host sync, one ``torch.compile`` graph (NOTE [tensor priorities
         without a host sync] in :mod:`._tensor_priorities`). The length is ``storage.len_tensor()``; the index and
