@@ -1,19 +1,24 @@
-"""Checkpoints of a memory-mapped buffer: incremental vs full dumps, loads vs a file copy, durable saves vs copy+fsync.
+"""Checkpoints of memory-mapped and RAM buffers: incremental vs full dumps, re-dumps vs first dumps, loads vs a
+file copy, durable saves vs copy+fsync.
 
 Usage::
 
-    python benchmarks/checkpoint_incremental.py                  # 1 GiB buffer, 5 rounds, in the system temp dir
+    python benchmarks/checkpoint_incremental.py                  # 1 GiB buffers, 5 rounds, in the system temp dir
+    python benchmarks/checkpoint_incremental.py --quick          # 16 MiB, 2 rounds: checks that it runs
     python benchmarks/checkpoint_incremental.py --size-mb 64 --rounds 2 --dir /data/scratch
 
-The buffer is a ``ReplayBuffer`` over a ``LazyMemmapStorage`` filled with core transition data (observation,
-next observation, action, reward, done, terminated; ~550 bytes a row). Each round times every row's two sides
-once, in an order that alternates between rounds; the table reports the median of each side and the median of
-the per-round ratios. Rows:
+The buffers are ``ReplayBuffer`` s over a ``LazyMemmapStorage`` and over a ``LazyTensorStorage`` (RAM, private
+memory), filled with core transition data (observation, next observation, action, reward, done, terminated;
+~550 bytes a row). Each round times every row's two sides once, in an order that alternates between rounds; the
+table reports the median of each side and the median of the per-round ratios. Rows:
 
-- ``dumps, 1% new rows``: ``rb.dumps(path)`` onto the buffer's own checkpoint after ``extend`` of 1% of the
-  capacity (the incremental dump: only those rows and the metadata are written) vs ``rb.dumps(other,
-  incremental=False)`` of the same buffer (every row), both with ``fsync=True``; target: the incremental dump
-  takes <= 10% of the full one;
+- ``dumps, 1% new rows`` (memory-mapped) and ``RAM dumps, 1% new rows`` (``LazyTensorStorage``):
+  ``rb.dumps(path)`` onto the buffer's own checkpoint after ``extend`` of 1% of the capacity (the incremental
+  dump: only those rows and the metadata are written) vs ``rb.dumps(other, incremental=False)`` of the same
+  buffer (every row, onto its own previous full checkpoint), both with ``fsync=True``; target: the incremental
+  dump takes <= 10% of the full one;
+- ``RAM re-dump vs first dump``: that incremental re-dump vs the first dump of the same buffer into a new
+  directory (every row, nothing to replace); target: the re-dump is not slower (<= 1.00);
 - ``rb.loads into another dir``: ``rb.loads`` of the full checkpoint into a fresh ``LazyMemmapStorage`` buffer
   whose ``scratch_dir`` is a new directory vs ``shutil.copyfile`` of the checkpoint's storage files into a new
   directory (the same bytes and files); target: >= 80% of the copy's bandwidth;
@@ -42,7 +47,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from _timing import ScratchDirs, median_ratio  # noqa: E402
 
-TARGETS = {"dumps, 1% new rows": 0.10, "rb.loads into another dir": 0.80, "durable rb.dumps": None}
+TARGETS = {
+    "dumps, 1% new rows": 0.10,
+    "RAM dumps, 1% new rows": 0.10,
+    "RAM re-dump vs first dump": 1.00,
+    "rb.loads into another dir": 0.80,
+    "durable rb.dumps": None,
+}
+#: rows whose ratio is ours / reference time (lower is better); the others compare bandwidths
+_TIME_ROWS = ("dumps, 1% new rows", "RAM dumps, 1% new rows", "RAM re-dump vs first dump")
 _OBS = 64
 
 
@@ -106,7 +119,7 @@ def _full_dump(rb, path: str) -> None:
 
 
 def _bench(size: int, rounds: int, workdir: str) -> tuple[list[tuple[str, list[float], list[float]]], int, int]:
-    from torchrl.data import LazyMemmapStorage, ReplayBuffer
+    from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
 
     n = _capacity(size)
     rb = ReplayBuffer(storage=LazyMemmapStorage(n, scratch_dir=os.path.join(workdir, "live")), batch_size=32)
@@ -114,6 +127,11 @@ def _bench(size: int, rounds: int, workdir: str) -> tuple[list[tuple[str, list[f
     incremental, full = os.path.join(workdir, "ckpt-inc"), os.path.join(workdir, "ckpt-full")
     rb.dumps(incremental)
     rb.dumps(full)
+    ram = ReplayBuffer(storage=LazyTensorStorage(n), batch_size=32)
+    _fill(ram, n)
+    ram_incremental, ram_full = os.path.join(workdir, "ram-inc"), os.path.join(workdir, "ram-full")
+    ram.dumps(ram_incremental)
+    ram.dumps(ram_full)
     storage_files = _files_under(os.path.join(full, "storage"))
     nbytes = sum(os.path.getsize(f) for f in storage_files)
     step = max(1, n // 100)
@@ -132,13 +150,20 @@ def _bench(size: int, rounds: int, workdir: str) -> tuple[list[tuple[str, list[f
             lambda: _copy(_files_under(os.path.join(workdir, "live")), scratch.new("copy"), True),
         ),
     }
+    def record(name: str, ours, theirs, first: bool) -> None:
+        times = [scratch.timed(fn) for fn in ((ours, theirs) if first else (theirs, ours))]
+        rows[name][0].append(times[0] if first else times[1])
+        rows[name][1].append(times[1] if first else times[0])
+
     for r in range(rounds):
         first = r % 2 == 0
         rb.extend(_rows(step, 1_000_000 + r))  # 1% of the capacity: new rows since the last dumps
-        sides = [lambda: rb.dumps(incremental), lambda: _full_dump(rb, full)]
-        times = [scratch.timed(fn) for fn in (sides if first else sides[::-1])]
-        rows["dumps, 1% new rows"][0].append(times[0] if first else times[1])
-        rows["dumps, 1% new rows"][1].append(times[1] if first else times[0])
+        record("dumps, 1% new rows", lambda: rb.dumps(incremental), lambda: _full_dump(rb, full), first)
+        ram.extend(_rows(step, 2_000_000 + r))
+        record("RAM dumps, 1% new rows", lambda: ram.dumps(ram_incremental), lambda: _full_dump(ram, ram_full), first)
+        ram.extend(_rows(step, 3_000_000 + r))
+        record("RAM re-dump vs first dump", lambda: ram.dumps(ram_incremental),
+               lambda: ram.dumps(scratch.new("ram-first")), first)
         for name, (ours, theirs) in cases.items():
             scratch.timed(ours if first else theirs)  # warm-up of the side that goes first (page cache)
             times = [scratch.timed(fn) for fn in ((ours, theirs) if first else (theirs, ours))]
@@ -155,7 +180,10 @@ def main(argv=None) -> None:
     parser.add_argument("--dir", default=None, help="where files go (default: the system temp dir)")
     parser.add_argument("--load-threads", type=int, default=None,
                         help="threads of rb.loads copies (default: the library's, min(4, cores))")
+    parser.add_argument("--quick", action="store_true", help="16 MiB, 2 rounds: checks that the script runs")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.size_mb, args.rounds = 16, 2
     if args.load_threads is not None:
         from torchrl.data.replay_buffers.storages import _checkpoint as storage_checkpoint
 
@@ -171,18 +199,18 @@ def main(argv=None) -> None:
           f"{args.dir or tempfile.gettempdir()}")
     print(f"{'operation':<28} {'ours':>12} {'reference':>12} {'ratio':>7} {'target':>8}  ok  reference")
     for name, ours, theirs in table:
-        if name.startswith("dumps"):  # times: lower is better, the ratio is ours / full dump
+        if name in _TIME_ROWS:  # times: lower is better, the ratio is ours / the reference dump
             ratio = statistics.median(o / t for o, t in zip(ours, theirs))
             cells = f"{statistics.median(ours) * 1e3:>9.1f} ms {statistics.median(theirs) * 1e3:>9.1f} ms"
             ok = ratio <= TARGETS[name]
-            reference = "the full dump"
+            reference = "the first dump" if "first" in name else "the full dump"
         else:  # bandwidths: higher is better, the ratio is ours / reference
             ratio = median_ratio(theirs, ours)
             bw = [nbytes / 1e6 / statistics.median(t) for t in (ours, theirs)]
             cells = f"{bw[0]:>7.0f} MB/s {bw[1]:>7.0f} MB/s"
             ok = TARGETS[name] is None or ratio >= TARGETS[name]
             reference = "shutil.copyfile" + (" + fsync" if "durable" in name else "")
-        target = "-" if TARGETS[name] is None else (f"<={TARGETS[name]:.2f}" if name.startswith("dumps")
+        target = "-" if TARGETS[name] is None else (f"<={TARGETS[name]:.2f}" if name in _TIME_ROWS
                                                     else f">={TARGETS[name]:.2f}")
         check = "-" if TARGETS[name] is None else "yes" if ok else "NO"
         print(f"{name:<28} {cells} {ratio:>7.2f} {target:>8}  {check:<3} {reference}")

@@ -3,7 +3,8 @@
 What must hold: the checkpoint loads to exactly the dumped content whatever mix of full and incremental dumps
 built it; files of the previous checkpoint are never modified (unchanged ones are hard-linked, same inode); only a
 checkpoint this storage wrote, or loaded, is incremented (another storage's, a copy's, an edited one: full dump);
-a private RAM storage and ``TensorStorageCheckpointer(incremental=False)`` always dump in full; crafted patch
+RAM storages, private or shared, increment too (``test_incremental_ram_dumps.py``), while
+``TensorStorageCheckpointer(incremental=False)`` always dumps in full; crafted patch
 descriptions are refused before anything is loaded; a writer killed at any moment leaves the previous or the new
 checkpoint, loadable (see ``test_incremental_crash.py``).
 """
@@ -177,14 +178,14 @@ def test_a_copy_with_its_own_row_versions_dumps_in_full(tmp_path):
     assert "patches" not in json.loads((path / "metadata.json").read_text())["metadata"]["component"]["doc"]
 
 
-def test_private_ram_storages_and_the_opt_out_dump_in_full_shared_ones_increment(tmp_path):
+def test_private_and_shared_ram_storages_increment_and_the_opt_out_dumps_in_full(tmp_path):
     path = tmp_path / "ckpt"
     private = Filled(tmp_path, storage=LazyTensorStorage(CAPACITY))
     private.extend(100)
     private.rb.dumps(path)
     private.extend(5)
     private.rb.dumps(path)
-    assert "patches" not in _storage_doc(path)  # no row versions: nothing says which rows changed
+    assert _storage_doc(path)["patches"] == [[100, 105]]  # private row versions say which rows changed
 
     shared = Filled(tmp_path, storage=LazyTensorStorage(CAPACITY))
     shared.extend(100)

@@ -68,9 +68,9 @@ whose tensors are files under ``sampler/``, ``writer/``, ``transforms/``. A :cla
 saved by hard links (its files stay shared with the live storage, so their checksums are ``null``) and loaded
 by mapping them in place. :func:`register_checkpoint_handler` attaches a part to a class you do not own.
 
-Incremental dumps. A tensor storage whose writes stamp row versions (every :class:`~torchrl.data.LazyMemmapStorage`,
-and tensor storages in shared memory) records, beside the component, ``metadata["checkpoint_ids"] =
-{"<prefix>storage": {"token": <the storage>, "version": <its write revision>}}``. Dumped again onto a checkpoint
+Incremental dumps. A tensor storage whose writes stamp row versions (every CPU tensor storage: memory-mapped, in
+shared memory or in private RAM; not a ``compilable`` one) records, beside the component,
+``metadata["checkpoint_ids"] = {"<prefix>storage": {"token": <the storage>, "version": <its write revision>}}``. Dumped again onto a checkpoint
 that it wrote (or loaded) in this process, whose files are untouched since, it hard-links that checkpoint's files
 and writes the rows written since as *patches*: its part then holds ``base_rows`` and ``patches`` (``[start,
 stop]`` row ranges, applied in order over the base rows) and each leaf names its ``base`` tensor and one tensor
@@ -236,9 +236,9 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
     directory is hard-linked instead, and mapped in place again by :meth:`loads`. See
     :class:`StorageCheckpointerBase`.
 
-    Incremental dumps: a storage that tracks its row writes (memory-mapped storages, and tensor storages in
-    shared memory) dumped onto a checkpoint that it wrote itself, or loaded from, rewrites only the rows written
-    since, as patch files, and hard-links the rest (``storage.dumps`` and ``rb.dumps`` alike; see
+    Incremental dumps: a storage that tracks its row writes (every CPU tensor storage but a ``compilable`` one:
+    memory-mapped, shared or private RAM) dumped onto a checkpoint that it wrote itself, or loaded from, rewrites
+    only the rows written since, as patch files, and hard-links the rest (``storage.dumps`` and ``rb.dumps`` alike; see
     :func:`dump_component`). Any other dump writes every row.
 
     Keyword Args:

@@ -389,13 +389,14 @@ def dump_component(obj, path, *, fsync: bool = True, progress: bool | None = Non
     "doc": ...}}`` where ``doc`` is the component's part (see :mod:`torchrl.data.replay_buffers._checkpoint.parts`).
 
     Incremental dumps: when ``path`` holds a checkpoint that this very storage wrote (its metadata names the
-    storage and the write revision it was taken at), a tensor storage that tracks row writes (every
-    memory-mapped storage, and tensor storages in shared memory) rewrites only the rows written since, as a
-    new patch file per entry, and hard-links the files it wrote before; the other parts and the metadata are
+    storage and the write revision it was taken at), a tensor storage that tracks row writes (every CPU tensor
+    storage but a ``compilable`` one: memory-mapped, shared or private RAM) rewrites only the rows written
+    since, as a new patch file per entry, and hard-links the files it wrote before; the other parts and the metadata are
     written again. The new checkpoint is switched in atomically like a full one, and never modifies a file of
     the previous one (see NOTE [incremental dumps] in :mod:`torchrl.data.replay_buffers._checkpoint.format`).
-    Anything else (another storage's checkpoint, a private RAM storage, a storage loaded or changed in layout
-    since, patches adding up to a quarter of the rows) gives a full dump, and loads read either the same way.
+    Anything else (another storage's checkpoint, a storage on an accelerator or ``compilable``, a storage loaded
+    or changed in layout since, patches adding up to a quarter of the rows) gives a full dump, and loads read
+    either the same way.
     Rows handed out as views (``storage[a:b]``, ``get_entry``) are checked by digest, so in-place edits through
     them are saved (NOTE [edits through views] in ``storages/_incremental.py``).
     A storage whose checkpointer is ``TensorStorageCheckpointer(incremental=False)`` always dumps in full: use
@@ -485,8 +486,10 @@ def load_component(obj, path) -> None:
 
     The checkpoint is validated (:func:`read_checkpoint`) and compared with ``obj`` (class, capacity, data
     keys, shapes and dtypes of an initialized storage) before anything is modified. Storage content is
-    copied file-to-file into a memory-mapped storage, read straight into a RAM storage, and mapped in place
-    when ``obj`` is a memory-mapped storage whose ``scratch_dir`` is the checkpoint's storage directory.
+    copied file-to-file into a memory-mapped storage, read straight into a RAM storage (a fresh private one
+    reads into memory that is not zeroed first, laid out for fast reads: about ``numpy.load``'s bandwidth), and
+    mapped in place when ``obj`` is a memory-mapped storage whose ``scratch_dir`` is the checkpoint's storage
+    directory.
 
     Args:
         obj: a component built with the configuration of the saved one (typically freshly).

@@ -1,8 +1,9 @@
 """Incremental checkpoints of tensor storages: which rows changed since a checkpoint, and the patch layout.
 
 See NOTE [incremental dumps] in :mod:`torchrl.data.replay_buffers._checkpoint.format` for the file protocol. A
-storage whose writes stamp :class:`~torchrl.data.replay_buffers._shared.row_versions.RowVersions` (every shared
-CPU tensor storage: memory-mapped ones always) knows, for a write revision ``v`` taken before a dump, the rows
+storage whose writes stamp :class:`~torchrl.data.replay_buffers._shared.row_versions.RowVersions` (every CPU
+tensor storage but a ``compilable`` one: memory-mapped, shared or private RAM; NOTE [row versions of tensor
+storages] in ``tensor_storage.py``) knows, for a write revision ``v`` taken before a dump, the rows
 written since: those stamped at or after ``v | 1`` (a write in flight at ``v`` included). Its checkpoint's
 metadata then holds ``checkpoint_ids = {"<prefix>storage": {"token": <this storage>, "version": v}}`` beside the
 component, and the next dump onto that checkpoint, when the

@@ -13,6 +13,7 @@ import weakref
 import torch
 from tensordict import TensorDictBase
 
+import torchrl.data.replay_buffers.storages._checkpoint as _ckpt
 from torchrl._phrases import TorchRLPhrase
 from torchrl._validation import check_bool, check_positive_int
 from torchrl.data.replay_buffers._shared.cleanup import make_scratch_dir, remove_owned_path
@@ -111,13 +112,29 @@ class LazyTensorStorage(TensorStorage):
         if self.shared_init:
             self.shared_init_state = SharedInit(self._shared_init_dir())
             self._make_shared()
-            self._versions = RowVersions(self.max_size)  # one set of row versions seen by every copy
+            self._use_versions(RowVersions(self.max_size))  # one set of row versions seen by every copy
 
     def _shared_init_dir(self) -> str:
         """The directory where the first writer of a ``shared_init`` storage allocates its files."""
         path = make_scratch_dir()  # removed at exit, on SIGTERM and with this storage, by this process only
         weakref.finalize(self, remove_owned_path, path)
         return path
+
+    def _backing_for_checkpoint(self, doc: dict, tensors) -> TensorDictBase:
+        """A private RAM storage loads into memory that the load fills (saved rows not zeroed first, laid out
+        for fast reads: see ``_checkpoint.unfilled_backing``); others allocate as at a first write."""
+        private = (
+            type(self)._allocate is LazyTensorStorage._allocate  # a subclass allocating files allocates them
+            and self.shared_init_state is None
+            and not self.consolidated
+            and not self._share_on_init
+            and not self.is_shared
+            and isinstance(self.device, torch.device)
+            and self.device.type == "cpu"
+        )
+        if private:
+            return _ckpt.unfilled_backing(doc)
+        return super()._backing_for_checkpoint(doc, tensors)
 
     def _allocate(self, item: TensorDictBase, rows: int) -> TensorDictBase:
         state = self.shared_init_state

@@ -70,6 +70,8 @@ from torchrl.data.replay_buffers.storages._write_check import (
 )
 from torchrl.data.replay_buffers.storages.base import CheckedWrite, Storage, _check_max_size
 
+_EVERY_ROW = slice(None)
+
 # rows: the rows counted in len() (and sampled); last_row: the newest; written: one past the highest row holding
 # data, which a write with set_cursor=False may raise without counting the row in len(); appended: the rows
 # written by appends (writes continuing the ring after its newest row); append_break: the last revision made
@@ -159,7 +161,10 @@ class TensorStorage(Storage):
         self.consistent_reads = check_bool("consistent_reads", consistent_reads)
         self._lock: ProcessLock | None = None
         self.write_lock = NULL_LOCK  # see the write_lock attribute's docs below
+        # row stamps (NOTE [row versions of tensor storages] below): _seqlock when shared, _stamps when private
         self._versions: RowVersions | None = None
+        self._seqlock: RowVersions | None = None
+        self._stamps: RowVersions | None = None
         self._creator_pid = os.getpid()
         self.device = torch.device(device) if device not in (None, "auto") else device
         if storage is None and max_size is None:
@@ -214,8 +219,9 @@ class TensorStorage(Storage):
             and not (backing.is_shared() or backing.is_memmap())
         ):
             backing.share_memory_()
-        if self._counters.is_shared and backing.device.type == "cpu" and self._versions is None:
-            self._versions = RowVersions(backing.batch_size[0])
+        if backing.device.type == "cpu" and self._versions is None and not self._compilable:
+            self._use_versions(RowVersions(backing.batch_size[0], shared=self._counters.is_shared))
+        self._exposed = self._whole_columns = None  # views of another backing, if any, are not this one's
         if self._compilable:
             self._counters.to(backing.device)
         self._storage = backing
@@ -224,6 +230,22 @@ class TensorStorage(Storage):
         self.max_size = backing.batch_size[: self.ndim].numel()
         if bump:
             self._bump_revision()
+
+    # NOTE [row versions of tensor storages]: every CPU tensor storage but a compilable one stamps the rows each
+    # write touches with a sequence number (RowVersions), so that a dump onto a checkpoint it wrote or loaded
+    # saves only the rows written since (storages/_incremental.py). A private storage keeps them in its own
+    # memory (``_stamps``) and pays one call per write: a slice fill for a writer's ring write (about a
+    # microsecond, whatever the rows), one numpy scatter of an index otherwise. Once shared (share_memory_,
+    # memory-mapped storages) the same versions move to shared memory, and a write brackets its copy with
+    # begin/end so that gathers re-read the rows a concurrent write touched (``_seqlock``). A compilable
+    # storage's ring writes run as tensor ops without host work, so it keeps none and dumps in full.
+    def _use_versions(self, versions: RowVersions | None) -> None:
+        """Installs the row stamps ``versions`` (NOTE [row versions of tensor storages]): a seqlock for writes
+        and reads once shared, one stamp per write while private."""
+        shared = versions is not None and versions.is_shared
+        self._versions = versions
+        self._seqlock = versions if shared else None
+        self._stamps = None if shared else versions
 
     def _publish_shared_init(self) -> None:
         """After the first write (or load) of a ``shared_init`` storage, lets the other copies map its files."""
@@ -472,10 +494,12 @@ class TensorStorage(Storage):
         last_row = cells[_LAST_ROW] if set_cursor else None
         index, td, keys, appended = self._check(cursor, data, rows, readable, last_row, ring=ring)
         backing = self._storage
-        versions = self._versions
+        versions, stamps = self._seqlock, self._stamps  # NOTE [row versions of tensor storages]
         if isinstance(index, int):  # one item
             if versions is not None:
                 versions.begin(index)
+            elif stamps is not None:
+                stamps.stamp(index)
             if keys is None:
                 backing[index] = td
             else:
@@ -483,13 +507,22 @@ class TensorStorage(Storage):
                     backing.get(key)[index].copy_(td.get(key), non_blocking=False)
             top = last = index
         elif isinstance(index, tuple):  # cells of rows that hold data: no bookkeeping
-            if versions is not None:
-                versions.begin(np.unique(torch.arange(rows)[index[0]].reshape(-1).numpy()))
+            if versions is not None or stamps is not None:
+                touched = np.unique(torch.arange(rows)[index[0]].reshape(-1).numpy())
+                (stamps.stamp if versions is None else versions.begin)(touched)
             backing[index] = td
             top = last = -1
         else:
             if versions is not None:
-                versions.begin(index.numpy())
+                if ring is not None:  # a writer's consecutive rows: slice stores, no index array
+                    versions.begin_ring(*ring)
+                else:
+                    versions.begin(index.numpy())
+            elif stamps is not None:
+                if ring is not None:
+                    stamps.stamp_ring(*ring)
+                else:
+                    stamps.stamp(index.numpy())
             _copy_rows(backing, index, td, keys)
             # the last row written is the newest (a wrapped write [8, 9, 0, 1] ends at row 1)
             if ring is not None:
@@ -677,7 +710,7 @@ class TensorStorage(Storage):
                 return self._codec.decode(backing[:rows])
             masks = (rows, backing.batch_size[0])
             index = check_bounds(as_index_tensor(index, device=backing.device, mask_sizes=masks), rows)
-        if self._versions is not None and self.consistent_reads:
+        if self._seqlock is not None and self.consistent_reads:
             return self._gather_consistent(backing, index, index.numpy())
         return self._gather(backing, index)
 
@@ -691,24 +724,34 @@ class TensorStorage(Storage):
         ):
             return self.get(index)
         # a sampler's draw: in bounds by construction
-        if self._versions is not None and self.consistent_reads:
+        if self._seqlock is not None and self.consistent_reads:
             return self._gather_consistent(self._storage, index, index.numpy())
         return self._gather(self._storage, index)
 
     #: The rows handed out as views, for storages dumped incrementally (those with row versions): a mask of
     #: rows per entry key (``None``: every entry). NOTE [edits through views] in ``_incremental.py``.
     _exposed: dict | None = None
+    #: the entry keys whose every row is exposed (a column handed out by ``get_entry``): marked once, so that
+    #: samplers reading a column at each draw pay nothing more
+    _whole_columns: set | None = None
 
     def _expose(self, rows, within: slice | None = None, key=None) -> None:
         """Marks ``rows`` (an int or a slice; ``within`` a slice of that slice) of entry ``key`` (``None``:
         every entry) as handed out in a view."""
         if self._versions is None:
             return
+        whole = within is None and rows == _EVERY_ROW
+        if whole and self._whole_columns is not None and key in self._whole_columns:
+            return
         if self._exposed is None:
             self._exposed = {}
         mask = self._exposed.get(key)
         if mask is None or mask.size != self._storage.batch_size[0]:
             mask = self._exposed[key] = np.zeros(self._storage.batch_size[0], dtype=bool)
+        if whole:
+            if self._whole_columns is None:
+                self._whole_columns = set()
+            self._whole_columns.add(key)
         if within is None:
             mask[rows] = True
         else:
@@ -763,7 +806,7 @@ class TensorStorage(Storage):
         for d, idx in enumerate(parts):
             flat = flat * shape[d] + idx
         flat_backing = self._storage.reshape(-1, *self._storage.batch_size[self.ndim :])
-        if self._versions is not None and self.consistent_reads:
+        if self._seqlock is not None and self.consistent_reads:
             return self._gather_consistent(flat_backing, flat, parts[0].numpy())
         return self._gather(flat_backing, flat)
 
@@ -857,8 +900,10 @@ class TensorStorage(Storage):
         self._lock = self.write_lock = ProcessLock()
         self.is_shared = True
         self._creator_pid = os.getpid()
-        if self._storage is not None and self._storage.device.type == "cpu" and self._versions is None:
-            self._versions = RowVersions(self._storage.batch_size[0])
+        if self._versions is not None:  # a private storage's stamps, kept (its checkpoints stay incremental)
+            self._use_versions(self._versions.share_memory_())
+        elif self._storage is not None and self._storage.device.type == "cpu":
+            self._use_versions(RowVersions(self._storage.batch_size[0]))
         for entity in self._attached_entities:  # buffers share their writer's cursor from now on
             share = getattr(entity, "share_memory_", None)
             if share is not None:
@@ -1015,16 +1060,20 @@ class TensorStorage(Storage):
         if not doc.get("initialized"):
             return self._empty()
         codec = self._codec_for_load(doc["codec"])
-        if self._storage is None:
-            self._adopt(self._backing_for_checkpoint(doc, tensors), codec)
+        if self._storage is None:  # filled before it is adopted: a read that fails leaves the storage empty
+            backing = self._backing_for_checkpoint(doc, tensors)
+            _ckpt.copy_saved_rows(doc, tensors, backing)
+            self._adopt(backing, codec)
+        else:
+            versions = self._versions
+            if versions is not None:  # every row changes: readers re-read, older checkpoints see every row as new
+                versions.begin(slice(None))
+            try:
+                _ckpt.copy_saved_rows(doc, tensors, self._storage)
+            finally:
+                if versions is not None:
+                    versions.end()
         versions = self._versions
-        if versions is not None:  # every row changes: readers re-read, older checkpoints see every row as new
-            versions.begin(slice(None))
-        try:
-            _ckpt.copy_saved_rows(doc, tensors, self._storage)
-        finally:
-            if versions is not None:
-                versions.end()
         if versions is not None:
             _ckpt.remember_loaded(versions, self._storage, doc, tensors, ctx)
         self._use_codec(codec)
@@ -1047,9 +1096,12 @@ class TensorStorage(Storage):
 
     def __setstate__(self, state):
         super().__setstate__(state)
+        versions = self._versions
         if not self._counters.is_shared:  # a copy by value (pickle, torch.save): private from now on
             self._lock = None
-            self._versions = None
+            if versions is not None and versions.is_shared:  # fresh private stamps: it dumps in full first
+                versions = RowVersions(len(versions), shared=False)
+        self._use_versions(versions)
         self.is_shared = self._counters.is_shared
         self.write_lock = NULL_LOCK if self._lock is None else self._lock
 
