@@ -18,6 +18,7 @@ or an error leaves the previous export, or nothing, never a half-written one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -32,6 +33,7 @@ import torchrl.data.replay_buffers._checkpoint.fs as _fs
 import torchrl.data.replay_buffers.hf.columns as _cols
 import torchrl.data.replay_buffers.hf.layouts as _layouts
 import torchrl.data.replay_buffers.hf.lerobot as _lerobot
+import torchrl.data.replay_buffers.hf.lerobot_video as _video
 from torchrl._files import fsync_file, write_new_file
 from torchrl.data.replay_buffers._shared.cleanup import make_scratch_dir
 from torchrl.data.replay_buffers.hf.columns import (
@@ -44,6 +46,7 @@ from torchrl.data.replay_buffers.hf.columns import (
 )
 from torchrl.data.replay_buffers.hf.importer import import_hf
 from torchrl.data.replay_buffers.storages.base import Storage
+from torchrl.data.replay_buffers.storages.encoded_frames import EncodedFrameStorage
 
 __all__ = ["export_hf", "import_hf", "METADATA_FILE"]
 
@@ -67,6 +70,35 @@ def _source_storage(data, layout: str) -> Storage:
             )
         storage = storage.flatten()
     return storage
+
+
+def _video_keys(storage, layout: str, fps) -> list[tuple]:
+    """The pixel keys written as LeRobot videos: those of an :class:`EncodedFrameStorage` exported with
+    ``layout="lerobot"`` (``fps`` must then be the storage's frame rate)."""
+    if layout != "lerobot" or not isinstance(storage, EncodedFrameStorage):
+        return []
+    if int(fps) != storage.fps:
+        raise ValueError(
+            f"`fps`={fps!r} differs from the frame rate of the EncodedFrameStorage's videos ({storage.fps}): LeRobot "
+            f"reads the frames of a video at the dataset's fps. Pass fps={storage.fps}."
+        )
+    return [(k,) if isinstance(k, str) else tuple(k) for k in storage.pixel_keys]
+
+
+def _video_specs(storage, keys: list, order: torch.Tensor, columns: list[str]) -> list[dict]:
+    """The column specs of the pixel entries written as videos (``encoding: "video"``, not in the data files):
+    the item shape read from one decoded frame."""
+    if not keys:
+        return []
+    frame = storage.get(order[:1])
+    out = []
+    for key in keys:
+        column = _layouts.lerobot_column(key)
+        if column in columns:
+            raise ValueError(f"The pixel entry {key!r} and another entry map to the column {column!r}: rename one.")
+        out.append({"column": column, "key": list(key), "dtype": "uint8", "shape": list(frame.get(key).shape[1:]),
+                    "encoding": "video"})  # fmt: skip
+    return out
 
 
 def _as_batch(batch, n: int, column_kind: list):
@@ -293,6 +325,7 @@ def export_hf(
     task_key=None,
     names: Mapping | None = None,
     robot_type: str | None = None,
+    video_codec: str | None = None,
 ):
     """Writes the items of a buffer or storage as a Hugging Face dataset; see :meth:`ReplayBuffer.export_hf
     <torchrl.data.ReplayBuffer.export_hf>` for the arguments. Returns the ``datasets.Dataset`` read back from
@@ -308,6 +341,10 @@ def export_hf(
       every frame has the task ``""`` (LeRobot needs one task).
     - ``names``: a mapping key (or column) -> list of str, the ``names`` of LeRobot's feature entries (default:
       image axes for 3-D ``uint8`` entries, else ``null``); ``robot_type``: ``info.json``'s ``robot_type``.
+    - an :class:`~torchrl.data.EncodedFrameStorage`'s pixel entries become LeRobot video features
+      (``videos/<column>/chunk-XXX/file-YYY.mp4``, see :mod:`~torchrl.data.replay_buffers.hf.lerobot_video`): its
+      H.264/AV1 segments are copied as they are, others (FFV1) are re-encoded with ``video_codec`` (``"h264"``,
+      the default, or ``"av1"``); ``fps`` must then be the storage's.
     - ``shard_bytes`` is the size of a data file (``data_files_size_in_mb``, default 100 MiB, whole episodes per
       file); ``fps`` must be a whole number (LeRobot stores it as an int).
 
@@ -333,22 +370,28 @@ def export_hf(
         raise ValueError(f"`fps` must be a positive number (frames per second of the timestamps), got {fps!r}.")
     if layout == "lerobot":
         _lerobot.check_lerobot_args(fps, task, task_key, names, robot_type)
-    elif (task, task_key, names, robot_type) != (None, None, None, None):
+        video_codec = _video.check_video_codec("h264" if video_codec is None else video_codec)
+    elif (task, task_key, names, robot_type, video_codec) != (None, None, None, None, None):
         raise ValueError(
-            f"`task`, `task_key`, `names` and `robot_type` describe a LeRobot dataset: pass them with "
-            f"layout='lerobot', not layout={layout!r}."
+            f"`task`, `task_key`, `names`, `robot_type` and `video_codec` describe a LeRobot dataset: pass them "
+            f"with layout='lerobot', not layout={layout!r}."
         )
     source = getattr(data, "storage", data)
     storage = _source_storage(data, layout)
+    video_keys = _video_keys(storage, layout, fps)
+    get_rows = storage.get
+    if video_keys:  # the pixel entries go to video files: the rows are read without decoding them
+        storage.close_segments()
+        get_rows = functools.partial(storage.get, decode=False)
     n = len(storage)
     if n == 0:
         raise ValueError("The storage holds no items: there is nothing to export. Write data first.")
     order = _layouts.export_order(storage, layout)
     kinds: list = []
     head = order[: min(n, 64)]
-    probe = storage.get(head)
+    probe = get_rows(head)
     if isinstance(probe, list):  # a list storage: plan over every item (ragged shapes; one pass, in memory)
-        items_all = _as_batch(storage.get(order), n, kinds)
+        items_all = _as_batch(get_rows(order), n, kinds)
         first = items_all[: len(head)]
     else:
         first, items_all = _as_batch(probe, len(head), kinds), None
@@ -358,9 +401,10 @@ def export_hf(
         if found_task_key is not None:
             exclude.add(found_task_key)
     specs, batch_sizes, dropped, traj_end = _plan(first, items_all, layout, exclude, traj_key, end_key)
+    video_specs = _video_specs(storage, video_keys, order, [s["column"] for s in specs])
     metadata = {
         "format": FORMAT, "schema_version": SCHEMA_VERSION, "layout": layout, "item": kinds[0], "num_rows": n,
-        "batch_sizes": batch_sizes, "columns": specs, "dropped_keys": dropped,
+        "batch_sizes": batch_sizes, "columns": specs + video_specs, "dropped_keys": dropped,
         "storage": {"class": type(source).__name__, "ndim": source.ndim},
         "traj_key": traj_end[0], "end_key": traj_end[1], "fps": float(fps),
     }  # fmt: skip
@@ -395,11 +439,16 @@ def export_hf(
             def read(start, stop):
                 if start == 0 and len(first) == stop:
                     return first
-                return _as_batch(storage.get(_positions(order, start, stop)), stop - start, kinds)
+                return _as_batch(get_rows(_positions(order, start, stop)), stop - start, kinds)
         if layout == "lerobot":
+            videos = None
+            if video_specs:
+                videos = _video.LeRobotVideoWriter(tmp, storage, {tuple(v["key"]): v["column"] for v in video_specs},
+                                                   fps=int(fps), video_codec=video_codec, fsync=fsync)  # fmt: skip
+                videos = functools.partial(videos, order=order)
             episodes = _write_lerobot(tmp, read, n, specs, features, exclude, traj_end, columns, task,
                                       found_task_key, chunk_rows=chunk_rows, file_bytes=shard_bytes, fps=int(fps),
-                                      robot_type=robot_type, fsync=fsync)  # fmt: skip
+                                      robot_type=robot_type, fsync=fsync, videos=videos)  # fmt: skip
             metadata["num_episodes"] = len(episodes)
             _write_json(os.path.join(tmp, METADATA_FILE), metadata, fsync)
         else:
@@ -421,7 +470,7 @@ def export_hf(
 
 
 def _write_lerobot(tmp, read, n, specs, features, exclude, traj_end, columns, task, task_key, *, chunk_rows: int,
-                   file_bytes: int, fps: int, robot_type, fsync: bool) -> list:
+                   file_bytes: int, fps: int, robot_type, fsync: bool, videos=None) -> list:
     """Writes the LeRobot v3.0 file set of the ``n`` rows into ``tmp``; returns the episode table's rows."""
     schema = _lerobot.storage_schema(features)
     writer = _lerobot.LeRobotFileWriter(tmp, schema, columns, fps=fps, file_bytes=file_bytes,
@@ -439,7 +488,7 @@ def _write_lerobot(tmp, read, n, specs, features, exclude, traj_end, columns, ta
         numbers = [_cols.from_arrow(a, s["column"], None, None).numpy() for a, s in zip(arrays, specs)]
         episode = numbers[episode_at]
         writer.write(arrays, episode, tasks, numbers)
-    writer.finish()
+    writer.finish(videos)
     lines = [json.dumps({"episode_index": e["episode_index"], "length": e["to"] - e["from"],
                          "dataset_from_index": e["from"], "dataset_to_index": e["to"], "tasks": e["tasks"]})
              for e in writer.episodes]  # fmt: skip

@@ -4,17 +4,23 @@ Which column becomes which key is planned by :class:`~torchrl.data.replay_buffer
 of this library, a LeRobot directory, any other dataset).
 
 The buffer's side, :func:`extend_from_hf` and :func:`buffer_from_hf`, is what ``rb.extend_from_hf`` and
-``ReplayBuffer.from_hf`` call: the rows go through the buffer's public ``extend``, chunk by chunk.
+``ReplayBuffer.from_hf`` call: the rows go through the buffer's public ``extend``, chunk by chunk. With
+``video="keep"``, the video features of a LeRobot directory are not decoded: the other columns are written, then
+each episode's frame range of its video file becomes a segment of the :class:`~torchrl.data.EncodedFrameStorage`
+(see :mod:`~torchrl.data.replay_buffers.hf.lerobot_video`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import torch
 from tensordict import TensorDict
 
+from torchrl.data.replay_buffers.hf.lerobot_video import VideoImportPlan, check_video_mode
 from torchrl.data.replay_buffers.hf.reader import HFReader, chunk_rows_for
 from torchrl.data.replay_buffers.storages import LazyTensorStorage, ListStorage, TensorStorage
+from torchrl.data.replay_buffers.storages.encoded_frames import EncodedFrameStorage
 
 __all__ = ["HFReader", "chunk_rows_for", "import_hf", "extend_from_hf", "buffer_from_hf", "check_chunks"]
 
@@ -41,13 +47,18 @@ def import_hf(source, *, columns=None, ignore_metadata: bool = False, chunk_byte
 
 
 # -- the buffer's side: rb.extend_from_hf and ReplayBuffer.from_hf ------------------------------------------------
-def extend_from_hf(rb, source, *, columns=None, ignore_metadata: bool = False, chunk_bytes: int = 64 << 20) -> int:
+def extend_from_hf(rb, source, *, columns=None, ignore_metadata: bool = False, chunk_bytes: int = 64 << 20,
+                   video: str = "decode") -> int:  # fmt: skip
     """Extends the buffer ``rb`` with the rows of a Hugging Face dataset, in chunks, through ``rb.extend``;
     returns how many rows were written. See :meth:`ReplayBuffer.extend_from_hf
     <torchrl.data.ReplayBuffer.extend_from_hf>` for the arguments."""
+    video = check_video_mode(video)
     reader = HFReader(source, columns=columns, ignore_metadata=ignore_metadata)
+    videos = _video_plan(reader, rb.storage, video)
     _check_ragged_fits(reader, rb.storage)
-    _write_chunks(rb, reader, chunk_bytes)
+    rows = _write_chunks(rb, reader, chunk_bytes)
+    if videos is not None:
+        videos.attach(rb.storage, rows)
     return len(reader)
 
 
@@ -59,11 +70,15 @@ def buffer_from_hf(
     columns=None,
     ignore_metadata: bool = False,
     chunk_bytes: int = 64 << 20,
+    video: str = "decode",
     **kwargs,
 ):
     """A new ``buffer_class(storage=..., **kwargs)`` holding the rows of a Hugging Face dataset. See
     :meth:`ReplayBuffer.from_hf <torchrl.data.ReplayBuffer.from_hf>` for the arguments."""
+    video = check_video_mode(video)
     reader = HFReader(source, columns=columns, ignore_metadata=ignore_metadata)
+    if storage is None and video == "keep" and any(s["encoding"] == "video" for s in reader.specs):
+        storage = _encoded_storage_for(reader)
     if storage is None:
         list_items = reader.ragged or reader.list_items
         storage = (ListStorage if list_items else LazyTensorStorage)(max(1, len(reader)))
@@ -73,23 +88,70 @@ def buffer_from_hf(
             f"would be overwritten. Pass a storage of at least {len(reader)} items, or use "
             f"rb.extend_from_hf(source) to keep only the newest rows."
         )
+    videos = _video_plan(reader, storage, video)
     rb = buffer_class(storage=storage, **kwargs)
     _check_ragged_fits(reader, storage)
-    _write_chunks(rb, reader, chunk_bytes)
+    rows = _write_chunks(rb, reader, chunk_bytes)
+    if videos is not None:
+        videos.attach(storage, rows)
     return rb
+
+
+def _encoded_storage_for(reader: HFReader) -> EncodedFrameStorage:
+    """The storage of ``video="keep"`` when none is given: an :class:`EncodedFrameStorage` of ``len(reader)`` rows
+    whose pixel keys are the video features' keys, at the dataset's frame rate."""
+    keys = [tuple(s["key"]) for s in reader.specs if s["encoding"] == "video"]
+    fps = (reader.lerobot.info.get("fps") if reader.lerobot is not None else None) or 30
+    return EncodedFrameStorage(max(1, len(reader)), pixel_keys=keys, fps=max(1, int(round(float(fps)))))
+
+
+def _video_plan(reader: HFReader, storage, video: str):
+    """``video="keep"``: the video features taken out of ``reader``'s plan and checked against ``storage`` and the
+    dataset's files (before anything is written); ``None`` when there is nothing to keep."""
+    if video != "keep" or reader.lerobot is None:
+        return None
+    if not any(s["encoding"] == "video" for s in reader.specs):
+        return None
+    if not isinstance(storage, EncodedFrameStorage):
+        raise TypeError(
+            f"video='keep' keeps LeRobot's video files as segments of an EncodedFrameStorage; the storage is a "
+            f"{type(storage).__name__}. Pass storage=EncodedFrameStorage(n, pixel_keys=[...]) (or no storage), or "
+            f"video='decode' to decode every frame into uint8 rows."
+        )
+    videos = reader.split_videos()
+    pixel_keys = {(k,) if isinstance(k, str) else tuple(k) for k in storage.pixel_keys}
+    missing = [key for key, _ in videos.values() if key not in pixel_keys]
+    if missing:
+        raise ValueError(
+            f"The video features map to the keys {missing}, which are not `pixel_keys` of the EncodedFrameStorage "
+            f"({sorted(pixel_keys)}): build it with pixel_keys={[k for k, _ in videos.values()]}."
+        )
+    if len(reader) > storage.max_size:
+        raise ValueError(
+            f"video='keep' needs a row of the storage for every frame of the dataset ({len(reader)} rows), the "
+            f"storage holds {storage.max_size}: a wrapped ring would pair frames with the wrong rows. Pass a "
+            f"storage of at least {len(reader)} items."
+        )
+    dataset = reader.dataset
+    episode = dataset.data.column("episode_index").to_numpy()
+    timestamp = dataset.data.column("timestamp").to_numpy()
+    return VideoImportPlan(reader.lerobot, videos, episode, timestamp)
 
 
 def _write_chunks(rb, reader: HFReader, chunk_bytes: int) -> None:
     """``rb.extend`` of each chunk, once every chunk decoded into items of one layout (validate, then write: a
     bad row anywhere refuses the import before the first row is written). The storage allocated by the first
     chunk is advised to use huge pages (a bulk fill: see :meth:`TensorStorage.advise_huge_pages
-    <torchrl.data.TensorStorage.advise_huge_pages>`)."""
+    <torchrl.data.TensorStorage.advise_huge_pages>`). Returns the storage index of each
+    row written, in the dataset's order."""
     rows = chunk_rows_for(reader, chunk_bytes)
     check_chunks(reader, rows, tensor_storage=isinstance(rb.storage, TensorStorage))
+    written = []
     for i, chunk in enumerate(reader.chunks(rows, copy=_needs_own_tensors(rb))):
-        rb.extend(chunk)
+        written.append(torch.as_tensor(rb.extend(chunk)).reshape(-1))
         if i == 0 and isinstance(rb.storage, TensorStorage):  # allocated by this first write
             rb.storage.advise_huge_pages()
+    return torch.cat(written) if written else torch.empty(0, dtype=torch.long)
 
 
 def check_chunks(reader: HFReader, chunk_rows: int, *, tensor_storage: bool) -> None:

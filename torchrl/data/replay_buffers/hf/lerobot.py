@@ -7,6 +7,7 @@ Layout (as LeRobot 0.6.1 writes it; ``LeRobotDataset(repo_id, root=path)`` opens
     meta/stats.json                                {feature: {min, max, mean, std, count, q01 ... q99}}
     meta/episodes/chunk-000/file-000.parquet       one row per episode: index range, tasks, stats/<feature>/...
     data/chunk-XXX/file-YYY.parquet                the frames, a new file every ``file_bytes`` (whole episodes)
+    videos/<column>/chunk-XXX/file-YYY.mp4         video features (see :mod:`~.lerobot_video`), when written
 
 Data files are numbered as LeRobot numbers them: file ``k`` is ``chunk-{k // 1000:03d}/file-{k % 1000:03d}``. An
 episode never straddles two files (the episode table gives one file per episode). Statistics are exact over each
@@ -30,6 +31,7 @@ CODEBASE_VERSION = "v3.0"
 CHUNKS_SIZE = 1000
 VIDEO_FILES_SIZE_IN_MB = 200
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
 EPISODES_FILE = "meta/episodes/chunk-000/file-000.parquet"
 #: The columns LeRobot adds to every dataset, in its order, with their dtypes.
 DERIVED_FEATURES = (("timestamp", "float32"), ("frame_index", "int64"), ("episode_index", "int64"),
@@ -344,20 +346,26 @@ class LeRobotFileWriter:
         self.episodes.append(ep)
         self.current = None
 
-    def finish(self) -> None:
-        """Closes the last data file and writes the metadata files."""
+    def finish(self, videos=None) -> None:
+        """Closes the last data file and writes the metadata files. ``videos``, when given, is called with the
+        episode table (``[{"episode_index", "from", "to", ...}]``) once the data files are closed: it writes the
+        video files, adds each episode's ``"videos"`` entries (``{column: {"chunk_index", "file_index",
+        "from_timestamp", "to_timestamp"}}``) and returns the video features of ``info.json``."""
         self._end_episode()
         self._close_file()
-        self._write_episodes()
+        video_features = {} if videos is None else videos(self.episodes)
+        self._write_episodes(list(video_features))
         self._write_tasks()
         stats = {c[0]: aggregate_stats([ep["stats"][c[0]] for ep in self.episodes]) for c in self.columns}
         self._json("meta/stats.json", {c: {k: _as_list(v) for k, v in s.items()} for c, s in stats.items()})
-        features = {column: feature_entry(dtype, shape, names) for column, dtype, shape, names in self.columns}
+        features = dict(video_features)
+        features.update((column, feature_entry(dtype, shape, names)) for column, dtype, shape, names in self.columns)
         info = {
             "codebase_version": CODEBASE_VERSION, "fps": self.fps, "features": features,
             "total_episodes": len(self.episodes), "total_frames": self.rows, "total_tasks": len(self.tasks),
             "chunks_size": CHUNKS_SIZE, "data_files_size_in_mb": max(1, round(self.file_bytes / 2**20)),
-            "video_files_size_in_mb": VIDEO_FILES_SIZE_IN_MB, "data_path": DATA_PATH, "video_path": None,
+            "video_files_size_in_mb": VIDEO_FILES_SIZE_IN_MB, "data_path": DATA_PATH,
+            "video_path": VIDEO_PATH if video_features else None,
             "robot_type": self.robot_type, "splits": {"train": f"0:{len(self.episodes)}"},
         }  # fmt: skip
         self._json("meta/info.json", info)
@@ -374,7 +382,7 @@ class LeRobotFileWriter:
         if self.fsync:
             fsync_file(path)
 
-    def _write_episodes(self) -> None:
+    def _write_episodes(self, video_columns=()) -> None:
         import pyarrow as pa
 
         f64, i64 = pa.list_(pa.float64()), pa.list_(pa.int64())
@@ -385,6 +393,10 @@ class LeRobotFileWriter:
                 "data/file_index": pa.array([e["data/file_index"] for e in self.episodes], pa.int64()),
                 "dataset_from_index": pa.array([e["from"] for e in self.episodes], pa.int64()),
                 "dataset_to_index": pa.array([e["to"] for e in self.episodes], pa.int64())}  # fmt: skip
+        for column in video_columns:  # LeRobot's order: the camera's file, then its time range in it
+            for part, kind in (("chunk_index", pa.int64()), ("file_index", pa.int64()),
+                               ("from_timestamp", pa.float64()), ("to_timestamp", pa.float64())):  # fmt: skip
+                cols[f"videos/{column}/{part}"] = pa.array([e["videos"][column][part] for e in self.episodes], kind)
         for column, _, shape, _ in self.columns:
             for stat in STAT_NAMES:
                 rows = [_as_list(e["stats"][column][stat]) for e in self.episodes]

@@ -121,7 +121,8 @@ def _check_metadata(meta, dataset, whole: bool) -> None:
             f"The export metadata says {meta.get('num_rows')} rows, the dataset has {len(dataset)}: they do not "
             f"belong together. Re-export the buffer, or pass ignore_metadata=True."
         )
-    missing = [s["column"] for s in meta["columns"] if s["column"] not in dataset.column_names]
+    missing = [s["column"] for s in meta["columns"]
+               if s["column"] not in dataset.column_names and s.get("encoding") != "video"]  # fmt: skip
     if missing:
         raise ValueError(
             f"The export metadata lists the columns {missing}, which the dataset lacks (it has "
@@ -247,7 +248,30 @@ class HFReader:
             return _decode_images(table[column], column)
         episode = table["episode_index"].to_numpy()
         timestamp = table["timestamp"].to_numpy()
-        return self.lerobot.decode_video(column, episode, timestamp)
+        frames = self.lerobot.decode_video(column, episode, timestamp)  # [n, C, H, W]
+        shape = spec.get("shape")
+        if shape and len(shape) == 3 and list(frames.shape[1:]) != list(shape):  # exported from [H, W, C] items
+            frames = frames.permute(0, 2, 3, 1)
+        return frames
+
+    def split_videos(self) -> dict:
+        """Takes the video features out of the import plan (they are kept as files, not decoded): returns
+        ``{column: (key, layout)}``, ``layout`` being ``"HWC"`` for items exported as ``[H, W, C]``, else
+        ``"CHW"`` (what a decoding import gives)."""
+        videos = {}
+        for spec in self.specs:
+            if spec["encoding"] == "video":
+                shape = spec.get("shape")
+                hwc = bool(shape) and len(shape) == 3 and shape[-1] in (1, 3) and shape[0] not in (1, 3)
+                videos[spec["column"]] = (tuple(spec["key"]), "HWC" if hwc else "CHW")
+        if videos and len(videos) == len(self.specs):
+            raise ValueError(
+                f"Only video features were asked for ({list(videos)}): video='keep' stores their frames in an "
+                f"EncodedFrameStorage beside the other entries; import at least one other column (e.g. "
+                f"'episode_index')."
+            )
+        self.specs = [s for s in self.specs if s["encoding"] != "video"]
+        return videos
 
     def _item(self, values: dict):
         if self.item_kind == "tensor":

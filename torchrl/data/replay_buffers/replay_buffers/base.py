@@ -1781,6 +1781,9 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             names (mapping, optional): ``"lerobot"``: key or column -> list of str, the feature ``names`` of
                 ``info.json``. Defaults to ``None``.
             robot_type (str, optional): ``"lerobot"``: the ``robot_type`` of ``info.json``. Defaults to ``None``.
+            video_codec (str, optional): ``"lerobot"`` export of an :class:`~torchrl.data.EncodedFrameStorage`
+                (its pixel entries become video files): the codec (``"h264"`` or ``"av1"``) of the frames that
+                cannot be copied as they are (e.g. from FFV1 segments). Defaults to ``None``: ``"h264"``.
             chunk_bytes (int): about how many bytes of rows to read and convert at once. Defaults to 64 MiB.
             shard_bytes (int, optional): about how many bytes per Arrow file (500 MiB, as ``save_to_disk``), or
                 per parquet data file of the ``"lerobot"`` layout (100 MiB, whole episodes per file). Defaults
@@ -1859,6 +1862,10 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             ignore_metadata (bool): read an export as a plain dataset (column types as Arrow has them).
                 Defaults to ``False``.
             chunk_bytes (int): about how many bytes of rows to convert at once. Defaults to 64 MiB.
+            video (str): the video features of a LeRobot directory: ``"decode"`` (every frame decoded into uint8
+                rows) or ``"keep"`` (each episode's frames stay in the video files as segments of an
+                :class:`~torchrl.data.EncodedFrameStorage`, decoded when read; see :doc:`/video`). Defaults to
+                ``"decode"``.
             **kwargs: the other arguments of the buffer class (``sampler``, ``batch_size``, ...).
 
         Raises:

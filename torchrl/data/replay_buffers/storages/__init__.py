@@ -6,6 +6,7 @@ from torchrl.data.replay_buffers.storages._registry import _MEMMAP_STORAGE_REGIS
 from torchrl.data.replay_buffers.storages.base import Storage
 from torchrl.data.replay_buffers.storages.compressed import CompressedListStorage
 from torchrl.data.replay_buffers.storages.dataset_storage import DatasetStorage
+from torchrl.data.replay_buffers.storages.encoded_frames import EncodedFrameStorage
 from torchrl.data.replay_buffers.storages.ensemble import StorageEnsemble
 from torchrl.data.replay_buffers.storages.lazy_tensor import LazyTensorStorage
 from torchrl.data.replay_buffers.storages.list import ListStorage
@@ -19,8 +20,9 @@ __all__ = ["Storage", "ListStorage", "TensorStorage", "LazyTensorStorage", "Lazy
 __all__ += ["LazyStackStorage", "CompressedListStorage"]
 __all__ += ["DatasetStorage"]
 __all__ += ["StoreStorage"]  # rows on a Redis-compatible server
+__all__ += ["EncodedFrameStorage"]  # uint8 frames kept as video segments
 __all__ += ["StorageDataset", "cleanup_stale_scratch_dirs", "cleanup_stale_lock_files"]  # a storage read as a Dataset; scratch clean-up
 
 for _cls in (Storage, ListStorage, TensorStorage, LazyTensorStorage, LazyMemmapStorage, StorageEnsemble,
-             LazyStackStorage, CompressedListStorage, DatasetStorage):
+             LazyStackStorage, CompressedListStorage, DatasetStorage, EncodedFrameStorage):
     _cls.__module__ = __name__
