@@ -55,6 +55,7 @@ EXAMPLES: tuple[Example, ...] = (
     Example("replay-buffers/prioritized_dataloader.py", smoke_args=("--smoke",)),
     Example("replay-buffers/her_goal_reaching.py", smoke_args=("--smoke",)),
     Example("replay-buffers/collectors_and_learner.py", smoke_args=("--smoke",), timeout=300.0),
+    Example("llm/grpo_from_buffer.py", smoke_args=("--smoke",), requires=("transformers",)),
 )
 
 EXCLUDED: tuple[Excluded, ...] = (

@@ -36,15 +36,19 @@ from torchrl.data import (
     DatasetStorage,
     EncodedFrameStorage,
     GeometricTrajectoryWindowSampler,
+    GroupSampler,
+    GroupWriter,
     ImmutableDatasetWriter,
     LazyMemmapStorage,
     LazyStackStorage,
     LazyTensorStorage,
     ListStorage,
+    PackedSequenceStorage,
     PrioritizedSampler,
     PrioritizedSliceSampler,
     PromptGroupSampler,
     RandomSampler,
+    ReplayBuffer,
     RoundRobinWriter,
     Sampler,
     SamplerEnsemble,
@@ -105,6 +109,23 @@ def _set_tensors(storage) -> None:  # list storages keep items of any kind: plai
     storage.set(list(range(5)), [torch.full((2,), float(i)) for i in range(5)])
 
 
+def _sequences(n: int = 8) -> list:  # ragged items: tokens of 1 to n tokens, a per-sequence reward and group
+    return [TensorDict(tokens=torch.arange(i + 1), reward=torch.tensor(float(i)), prompt_id=torch.tensor(i // 2))
+            for i in range(n)]  # fmt: skip
+
+
+def _set_sequences(storage) -> None:
+    storage.extend_sequences(_sequences())
+
+
+def _grouped_buffer(sampler=None, writer=None):
+    rb = ReplayBuffer(storage=PackedSequenceStorage(64, max_sequences=8), writer=writer or GroupWriter(),
+                      sampler=sampler or GroupSampler(1))  # fmt: skip
+    rb.extend(_sequences())
+    rb.sample()
+    return rb
+
+
 STORAGES: dict[str, Case] = {
     "ListStorage": Case(lambda: ListStorage(8), _set_tensors),
     "TensorStorage": Case(lambda: TensorStorage(rows().zero_()), _set_rows),
@@ -126,6 +147,7 @@ STORAGES: dict[str, Case] = {
     ),
     # read-only: its state is the dataset it reads, which a fresh one holds too
     "DatasetStorage": Case(lambda: DatasetStorage(TensorDataset(torch.arange(10.0), torch.arange(10) % 3))),
+    "PackedSequenceStorage": Case(lambda: PackedSequenceStorage(64, max_sequences=8), lambda s: _set_sequences(s)),
 }
 
 
@@ -167,6 +189,7 @@ SAMPLERS: dict[str, Case] = {
     "PromptGroupSampler": Case(
         lambda: PromptGroupSampler(samples_per_group=2, strategy="recency"), _primed_through_a_buffer
     ),
+    "GroupSampler": Case(lambda: GroupSampler(1, strategy="recency"), lambda s: _grouped_buffer(sampler=s)),
 }
 
 
@@ -195,6 +218,7 @@ WRITERS: dict[str, Case] = {
     ),
     "ImmutableDatasetWriter": Case(_registered(ImmutableDatasetWriter)),  # refuses every write: no state to give
     "WriterEnsemble": Case(_registered_ensemble, lambda w: w[1].extend(torch.arange(5))),
+    "GroupWriter": Case(lambda: _grouped_buffer(writer=GroupWriter(max_groups=2)).writer, lambda w: w.extend(_sequences(2))),
 }
 
 CASES = {**STORAGES, **SAMPLERS, **WRITERS}
@@ -323,7 +347,8 @@ def _sampler_kind(name: str) -> str:
 
 
 #: Ensembles sample a StorageEnsemble: they are read through a ReplayBufferEnsemble, whose members are the cases above.
-WORKER_SAMPLERS = [name for name in SAMPLERS if name != "SamplerEnsemble"]
+#: GroupSampler draws from a PackedSequenceStorage only: its worker copies are tested in test/llm/test_packed_groups.py.
+WORKER_SAMPLERS = [name for name in SAMPLERS if name not in ("SamplerEnsemble", "GroupSampler")]
 #: What each process keeps of its own last draw (whether it ended an epoch, the batches left in it): not shared.
 PER_PROCESS = ("_ran_out", "_remaining_batches")
 

@@ -217,6 +217,59 @@ def test_variable_length_items_are_yielded_each_with_its_own_length():
         assert item["prompt"] == f"p{i}"
 
 
+def completion_groups(groups: int, group_size: int = 3, *, first: int = 0, prompt_len: int = 2) -> list[TensorDict]:
+    """``groups`` groups of completions: item ``j`` of prompt ``g`` has ``prompt_len + 1 + (g + j) % 4`` tokens,
+    all equal to ``10 * g + j``, a ``completion_mask`` after the prompt, and ``reward = j``."""
+    items = []
+    for g in range(first, first + groups):
+        for j in range(group_size):
+            n = prompt_len + 1 + (g + j) % 4
+            items.append(TensorDict(input_ids=torch.full((n,), 10 * g + j), completion_mask=torch.arange(n) >= prompt_len,
+                                    reward=torch.tensor(float(j)), prompt_id=torch.tensor(g)))  # fmt: skip
+    return items
+
+
+def group_buffer(groups: int = 5, group_size: int = 3, *, groups_per_draw: int = 2) -> ReplayBuffer:
+    """A packed buffer of completion groups, sampled whole (``groups_per_draw`` groups per ``rb.sample()``)."""
+    from torchrl.data import GroupSampler, GroupWriter, PackedSequenceStorage
+
+    storage = PackedSequenceStorage(1000, max_sequences=100, token_keys=("input_ids", "completion_mask"))
+    rb = ReplayBuffer(storage=storage, writer=GroupWriter(group_key="prompt_id"), sampler=GroupSampler(),
+                      batch_size=groups_per_draw)  # fmt: skip
+    rb.extend(completion_groups(groups, group_size))
+    return rb
+
+
+@pytest.mark.parametrize("groups_per_draw, num_batches", [(1, 3), (2, 2), (4, 1)])
+def test_a_packed_buffer_yields_whole_groups_one_after_the_other(groups_per_draw, num_batches):
+    group_size = 3
+    rb = group_buffer(group_size=group_size, groups_per_draw=groups_per_draw)
+    items = list(TorchRLBufferDataset(rb, groups_per_draw, num_batches=num_batches))
+
+    assert len(items) == num_batches * groups_per_draw * group_size  # batch_size counts groups
+    for start in range(0, len(items), group_size):
+        group = items[start : start + group_size]
+        g = int(group[0]["prompt_id"])
+        for j, item in enumerate(group):  # the whole group, in write order
+            assert int(item["prompt_id"]) == g and float(item["reward"]) == j
+            n = 3 + (g + j) % 4
+            assert torch.equal(item["input_ids"], torch.full((n,), 10 * g + j))  # its own length, no padding
+            assert item["completion_mask"].tolist() == [False, False] + [True] * (n - 2)
+            assert item["reward"].shape == torch.Size([])
+
+
+def test_a_dataset_of_whole_groups_has_no_length():
+    dataset = TorchRLBufferDataset(group_buffer(), 2, num_batches=3)
+    with pytest.raises(TypeError, match="GroupSampler.*max_steps"):
+        len(dataset)
+    assert len(list(dataset)) == 3 * 2 * 3
+
+
+def test_a_packed_buffer_keeps_only_the_named_entries():
+    items = list(TorchRLBufferDataset(group_buffer(), 2, keys=["input_ids", "prompt_id"]))
+    assert len(items) == 6 and all(set(item) == {"input_ids", "prompt_id"} for item in items)
+
+
 @pytest.mark.parametrize("device", ["cpu", torch.device("cpu")])
 def test_device_moves_tensors(device):
     dataset = TorchRLBufferDataset(id_buffer(prompt=True), 4, device=device)
@@ -319,6 +372,32 @@ def test_workers_split_the_sampling_calls(storage, num_batches):
         assert torch.equal(batch["input_ids"][:, 0], batch["meta.id"])
         # strings of a lazy storage live in its shared memory, read by the workers like its tensors
         assert batch["prompt"] == [f"p{i}" for i in batch["meta.id"].tolist()]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_workers_yield_whole_groups_of_a_packed_buffer_written_after_they_started(start_method):
+    group_size = 3
+    rb = group_buffer(groups=2, group_size=group_size, groups_per_draw=1)
+    rb.storage.share_memory_()
+    dataset = TorchRLBufferDataset(rb, 1, keys=["input_ids", "prompt_id", "reward"], num_batches=None)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=start_method,
+                        timeout=TIMEOUT)  # fmt: skip
+    items = iter(loader)
+    stream = [next(items) for _ in range(2 * 2 * group_size)]  # the workers are running
+    rb.extend(completion_groups(6, group_size, first=2))  # groups 2 .. 7, written by the main process
+    stream += [next(items) for _ in range(2 * 20 * group_size)]
+    # The loader takes one item from each worker in turn; each worker's own items are whole groups in write order.
+    for worker in (0, 1):
+        own = stream[worker::2]
+        for start in range(0, len(own), group_size):
+            group = own[start : start + group_size]
+            g = int(group[0]["prompt_id"])
+            assert [int(item["prompt_id"]) for item in group] == [g] * group_size
+            assert [float(item["reward"]) for item in group] == [float(j) for j in range(group_size)]
+            assert [int(item["input_ids"][0]) for item in group] == [10 * g + j for j in range(group_size)]
+    assert {int(item["prompt_id"]) for item in stream} & set(range(2, 8))  # groups written after the start
 
 
 @pytest.mark.multiprocess
@@ -538,3 +617,84 @@ def test_trl_grpo_trainer_trains_on_string_prompts_from_as_hf_dataset(tmp_path, 
     assert math.isfinite(result.training_loss)
     stored = {f"{' '.join(f'w{(i + j) % (VOCAB - 3)}' for j in range(4))}" for i in range(16)}
     assert seen_prompts and set(seen_prompts) <= stored  # the rewards saw the buffer's prompts as strings
+
+
+@pytest.mark.extras
+@pytest.mark.timeout(120)
+def test_trl_sft_trainer_trains_on_the_completions_of_a_packed_buffer(tmp_path, offline):
+    require("datasets")
+    trl = require("trl")
+    rb = group_buffer(groups=6, group_size=4)
+    hf = TorchRLBufferDataset(rb, 1, keys=["input_ids", "completion_mask"], num_batches=None).as_hf_dataset()
+    args = train_args(trl.SFTConfig, tmp_path, max_steps=2, per_device_train_batch_size=4, max_length=16,
+                      learning_rate=1e-3, completion_only_loss=True)
+    trainer = trl.SFTTrainer(model=tiny_lm(), args=args, train_dataset=hf, processing_class=tiny_tokenizer())
+
+    example = next(iter(trainer.train_dataset))  # the labels TRL built from the stored completion mask
+    labels, input_ids = list(example["labels"]), list(example["input_ids"])
+    assert labels[:2] == [-100, -100] and labels[2:] == input_ids[2:]  # the loss is on the completion only
+    result = trainer.train()
+
+    assert trainer.state.global_step == 2
+    assert math.isfinite(result.training_loss)
+
+
+def rollout_from_buffer(rb: ReplayBuffer, group_size: int):
+    """A ``rollout_func`` for TRL's GRPOTrainer that serves whole groups of a packed buffer instead of generating:
+    ``len(prompts) // group_size`` groups, their prompt / completion ids and per-token log-probs, and their stored
+    rewards (an extra field, forwarded to the reward functions)."""
+
+    def rollout(prompts: list, trainer) -> dict:
+        batch = rb.sample(len(prompts) // group_size)
+        out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "stored_reward": batch["reward"].tolist()}
+        for ids, mask, log_probs in zip(*(batch.get(k, as_list=True) for k in ("input_ids", "completion_mask",
+                                                                                "log_probs"))):  # fmt: skip
+            out["prompt_ids"].append(ids[~mask].tolist())
+            out["completion_ids"].append(ids[mask].tolist())
+            out["logprobs"].append(log_probs[mask].tolist())
+        return out
+
+    return rollout
+
+
+@pytest.mark.extras
+@pytest.mark.timeout(120)
+def test_trl_grpo_trainer_trains_on_whole_groups_served_by_a_packed_buffer(tmp_path, offline, monkeypatch):
+    require("datasets")
+    trl = require("trl")
+    from torchrl.data import GroupSampler, GroupWriter, PackedSequenceStorage
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL
+    group_size, gen = 2, torch.Generator().manual_seed(0)
+    storage = PackedSequenceStorage(2000, max_sequences=200, token_keys=("input_ids", "completion_mask", "log_probs"))
+    rb = ReplayBuffer(storage=storage, writer=GroupWriter(group_key="prompt_id"), sampler=GroupSampler(),
+                      batch_size=2)  # fmt: skip
+    items = []
+    for prompt_id in range(8):  # completion j of a group: 2 + j tokens after a 3-token prompt, reward j
+        prompt = torch.randint(3, VOCAB, (3,), generator=gen)
+        for j in range(group_size):
+            ids = torch.cat([prompt, torch.randint(3, VOCAB, (2 + j,), generator=gen)])
+            mask = torch.arange(len(ids)) >= 3
+            items.append(TensorDict(input_ids=ids, completion_mask=mask, log_probs=-torch.rand(len(ids)) * mask,
+                                    reward=torch.tensor(float(j)), prompt_id=torch.tensor(prompt_id)))  # fmt: skip
+    rb.extend(items)
+    seen = []
+
+    def stored_reward(prompts, completions, completion_ids, stored_reward, **kwargs):
+        seen.extend(zip(map(len, completion_ids), stored_reward))
+        return stored_reward
+
+    # TRL's prompts only set how many groups a step takes (per_device_train_batch_size // num_generations)
+    placeholder_prompts = require("datasets").Dataset.from_dict({"prompt": ["w1 w2"] * 8})
+    args = train_args(trl.GRPOConfig, tmp_path, max_steps=2, per_device_train_batch_size=4,
+                      num_generations=group_size, max_completion_length=4)  # fmt: skip
+    trainer = trl.GRPOTrainer(model=tiny_lm(n_positions=32), reward_funcs=stored_reward, args=args,
+                              train_dataset=placeholder_prompts, processing_class=tiny_tokenizer(),
+                              rollout_func=rollout_from_buffer(rb, group_size))  # fmt: skip
+
+    result = trainer.train()
+
+    assert trainer.state.global_step == 2
+    assert math.isfinite(result.training_loss)
+    # TRL saw whole groups, in write order: (completion length, stored reward) = (2, 0.0), (3, 1.0) per group
+    assert len(seen) == 2 * 4 and seen == [(2, 0.0), (3, 1.0)] * 4

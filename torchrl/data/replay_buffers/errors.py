@@ -39,6 +39,11 @@ class TornReadError(RuntimeError):
     """
 
 
+class DrawOverwrittenError(TornReadError):
+    """Raised by ``storage.read_rows`` when another process's write overwrote items between their draw and the
+    read (a :class:`~torchrl.data.PackedSequenceStorage`): a buffer's ``sample`` draws again (a few times)."""
+
+
 class CheckpointError(ValueError):
     """A checkpoint on disk is incomplete, corrupted, unsafe or of an unknown schema version.
 

@@ -18,7 +18,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
 from torchrl._phrases import TorchRLPhrase
-from torchrl.data import ReplayBufferDataset
+from torchrl.data import GroupSampler, ReplayBufferDataset
 from torchrl.data.replay_buffers.replay_buffers import ReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.dataset import SHAREABLE_SAMPLERS
 
@@ -87,6 +87,17 @@ class TorchRLBufferDataset(ReplayBufferDataset):
     Strings are yielded as Python strings whatever the storage: a :class:`~torchrl.data.ListStorage` keeps
     them as written, the tensor storages as UTF-8 bytes that every worker reads from the shared storage.
 
+    Groups of completions (language-model rollouts): over a :class:`~torchrl.data.PackedSequenceStorage`
+    sampled by a :class:`~torchrl.data.GroupSampler`, ``batch_size`` counts groups, as ``rb.sample(batch_size)``
+    does, and each sampling call yields the sequences of whole groups, one group after the other, each in write
+    order: a consumer that takes ``G`` consecutive items per prompt (GRPO's group-relative advantage) sees
+    every group whole. Each item holds its own tokens (``[L_i]``, no padding) and its fixed entries as
+    0-d tensors; an item stored with ``input_ids`` and ``completion_mask`` is what TRL's ``SFTTrainer`` trains
+    on with ``completion_only_loss=True``. Such a dataset has no length (the group sizes decide how many items
+    a call yields): bound the stream with the trainer's ``max_steps``. Each DataLoader worker yields whole
+    groups, but the loader takes one item from each worker in turn: read with ``num_workers=0`` where the
+    items of a group must come next to each other.
+
     Args:
         replay_buffer (ReplayBuffer): the buffer to sample; its data must be TensorDicts.
         batch_size (int): the number of items each sampling call draws.
@@ -143,7 +154,15 @@ class TorchRLBufferDataset(ReplayBufferDataset):
             )
 
     def __len__(self) -> int:
-        """The number of items (``num_batches * batch_size``); a ``TypeError`` for an endless dataset."""
+        """The number of items (``num_batches * batch_size``); a ``TypeError`` for an endless dataset, and for a
+        buffer whose sampler draws whole groups (a :class:`~torchrl.data.GroupSampler`: the number of items then
+        depends on the sizes of the groups drawn)."""
+        if isinstance(self.replay_buffer.sampler, GroupSampler):
+            raise TypeError(
+                "This TorchRLBufferDataset draws whole groups (GroupSampler): the number of items it yields depends "
+                "on the sizes of the groups drawn, so it has no length. Bound the stream with the trainer's "
+                "max_steps."
+            )
         return super().__len__() * self.batch_size
 
     def draw(self) -> TensorDictBase:

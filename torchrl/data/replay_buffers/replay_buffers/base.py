@@ -52,7 +52,7 @@ from torchrl.data.replay_buffers._checkpoint.parts import (
 )
 from torchrl.data.replay_buffers._checkpoint.validate import check_int_field
 from torchrl.data.replay_buffers.checkpointers import dump_component, load_component
-from torchrl.data.replay_buffers.errors import CheckpointError
+from torchrl.data.replay_buffers.errors import CheckpointError, DrawOverwrittenError
 from torchrl.data.replay_buffers.loading.collate import stack_samples
 from torchrl.data.replay_buffers.loading.pinning import pin_host_memory
 from torchrl.data.replay_buffers.query import query_replay_buffer
@@ -794,6 +794,9 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
     def _resolve_batch_size(self, batch_size) -> int:
         if batch_size is None:
             if self._batch_size is None:
+                own = self._sampler.default_batch_size if self._initialized else None
+                if own is not None:  # a sampler that fixes its own count (GroupSampler(num_groups))
+                    return own
                 raise SAMPLE_WITHOUT_BATCH_SIZE.error()
             return self._batch_size
         return check_sample_batch_size(batch_size)
@@ -952,8 +955,22 @@ class ReplayBuffer(metaclass=ServiceBackendMeta):
             finally:
                 if turn is not None:
                     turn.release()
-            data, info = self._read_drawn(index, info)
+            try:
+                data, info = self._read_drawn(index, info)
+            except DrawOverwrittenError:  # another process overwrote the draw before its read: draw again
+                data, info = self._draw_again(batch_size)
         return self._deliver(data, info, transform)
+
+    def _draw_again(self, batch_size: int, attempts: int = 8) -> tuple:
+        """A new draw and read, after a read that another process's write tore (:class:`DrawOverwrittenError`,
+        NOTE [packed reads] in ``storages/packed_sequence.py``): at most ``attempts`` draws, then the last error."""
+        for attempt in range(attempts):
+            index, info = self._sampler.sample(self._storage, batch_size)
+            try:
+                return self._read_drawn(index, info)
+            except DrawOverwrittenError:
+                if attempt == attempts - 1:
+                    raise
 
     def _read_drawn(self, index, info: dict) -> tuple:
         """``(items, info)`` for what a sampler drew at ``index``: the sample unit's expansion, if any, then one

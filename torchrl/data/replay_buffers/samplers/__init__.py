@@ -5,6 +5,7 @@ from torchrl.data.replay_buffers.samplers.base import Sampler
 from torchrl.data.replay_buffers.samplers.consuming import ConsumingSampler
 from torchrl.data.replay_buffers.samplers.ensemble import SamplerEnsemble
 from torchrl.data.replay_buffers.samplers.geometric import GeometricTrajectoryWindowSampler
+from torchrl.data.replay_buffers.samplers.group import GroupSampler
 from torchrl.data.replay_buffers.samplers.prioritized import PrioritizedSampler
 from torchrl.data.replay_buffers.samplers.prioritized_slice import PrioritizedSliceSampler
 from torchrl.data.replay_buffers.samplers.prompt_group import PromptGroupSampler
@@ -39,6 +40,7 @@ __all__ = [
     "StalenessAwareSampler",
     "StreamingSliceSampler",
     "PromptGroupSampler",
+    "GroupSampler",
     "GeometricTrajectoryWindowSampler",
     # TorchRL's segment-tree names (torch tensors here: any device)
     "SumSegmentTreeFp32",
@@ -65,6 +67,7 @@ for _cls in (
     StalenessAwareSampler,
     StreamingSliceSampler,
     PromptGroupSampler,
+    GroupSampler,
     GeometricTrajectoryWindowSampler,
 ):
     _cls.__module__ = __name__

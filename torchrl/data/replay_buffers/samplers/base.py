@@ -204,6 +204,9 @@ class Sampler(Component, metaclass=_SamplerMeta):
     #: construction: a buffer then reads it with :meth:`Storage.read_rows <torchrl.data.Storage.read_rows>`,
     #: which skips the bounds check (a host sync on an accelerator). ``False`` (checked reads) by default.
     draws_in_bounds: bool = False
+    #: The batch size a sampler that fixes its own count draws when neither ``sample`` nor the buffer gives one
+    #: (:class:`~torchrl.data.GroupSampler` with ``num_groups``); ``None``: the buffer needs a ``batch_size``.
+    default_batch_size: int | None = None
     checkpoint_role = "sampler"
     _rng: torch.Generator | None = None
     _remaining_batches: int = _INT64_MAX

@@ -2,6 +2,7 @@
 
 from torchrl.data.replay_buffers.writers.base import ImmutableDatasetWriter, Writer
 from torchrl.data.replay_buffers.writers.ensemble import WriterEnsemble
+from torchrl.data.replay_buffers.writers.group_writer import GroupWriter, reward_variance_above
 from torchrl.data.replay_buffers.writers.max_value import TensorDictMaxValueWriter
 from torchrl.data.replay_buffers.writers.round_robin import RoundRobinWriter, TensorDictRoundRobinWriter
 
@@ -12,6 +13,8 @@ __all__ = [
     "TensorDictRoundRobinWriter",
     "TensorDictMaxValueWriter",
     "WriterEnsemble",
+    "GroupWriter",
+    "reward_variance_above",
 ]
 
 for _cls in (
@@ -21,5 +24,6 @@ for _cls in (
     TensorDictRoundRobinWriter,
     TensorDictMaxValueWriter,
     WriterEnsemble,
+    GroupWriter,
 ):
     _cls.__module__ = __name__
