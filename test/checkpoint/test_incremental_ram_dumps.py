@@ -345,3 +345,25 @@ def test_a_kill_at_a_random_time_during_ram_dumps_leaves_the_old_or_the_new_chec
     os.kill(child.pid, signal.SIGKILL)
     child.join()
     _after_the_kill(path, done.value)
+
+
+def test_deferred_ring_stamps_are_seen_by_every_reader_of_the_versions():
+    """Private ring writes are stamped when the versions are read (NOTE [deferred ring stamps]): a snapshot
+    taken before them sees exactly their rows as written since, wraps and continued writes included."""
+    versions = RowVersions(10, shared=False)
+    before = versions.snapshot()
+    versions.stamp_ring(8, 3)  # rows 8, 9, 0
+    versions.stamp_ring(1, 2)  # continues it: rows 1, 2
+    versions.stamp_ring(5, 1)  # a write elsewhere: row 5
+    assert versions.torn(before, np.arange(10)).tolist() == [True, True, True, False, False, True, False, False,
+                                                             True, True]  # fmt: skip
+    after = versions.snapshot()
+    assert versions.torn(after, np.arange(10)) is None  # nothing since
+    for _ in range(3 * RowVersions._MAX_PENDING):  # many writes that do not continue each other
+        versions.stamp_ring(3, 1)
+        versions.stamp_ring(6, 1)
+    assert versions.torn(after, np.arange(10)).nonzero()[0].tolist() == [3, 6]
+    shared_later = versions.snapshot()
+    versions.stamp_ring(4, 1)
+    versions.share_memory_()  # sharing stamps what was deferred
+    assert versions.torn(shared_later, np.arange(10)).nonzero()[0].tolist() == [4]

@@ -6,8 +6,8 @@ mid-write for too long raises :class:`~torchrl.data.replay_buffers.errors.TornRe
 A shared storage's versions live in shared memory and serve two readers: gathers that re-read rows a concurrent
 write changed, and incremental dumps (which rows changed since a checkpoint: ``storages/_incremental.py``). A
 private CPU storage keeps versions in its own memory for the second use only: each write call stamps its rows
-once (:meth:`RowVersions.stamp_ring`: two scalar stores and a slice fill for a writer's ring write, about a
-microsecond; :meth:`RowVersions.stamp`: one numpy scatter for an index), and :meth:`RowVersions.share_memory_`
+once (:meth:`RowVersions.stamp_ring`: a writer's ring write is remembered and stamped when the versions are
+read, NOTE [deferred ring stamps]; :meth:`RowVersions.stamp`: one numpy scatter for an index), and :meth:`RowVersions.share_memory_`
 moves them to shared memory, in place, when the storage is shared.
 """
 
@@ -69,12 +69,14 @@ class RowVersions:
 
     def share_memory_(self) -> RowVersions:
         """Moves the versions to shared memory, in place, keeping every stamp (the storage is being shared)."""
+        self._flush()
         if not self._tensor.is_shared():
             self._tensor.share_memory_()
             self._attach(self._tensor)  # the memory moved: numpy views of the old memory are stale
         return self
 
     def _attach(self, tensor: torch.Tensor) -> None:
+        self._pending: list[list[int]] = []  # private ring writes not stamped yet: [start, stop) (NOTE below)
         self._tensor = tensor
         self._array = tensor.numpy()
         self._rows = self._array[:-1]
@@ -85,6 +87,8 @@ class RowVersions:
 
     def begin(self, rows) -> None:
         """Stamps ``rows`` (an int, an index array or a slice) with a new, odd, global sequence number."""
+        if self._pending:
+            self._flush()
         array = self._array
         current = int(array[self._global])
         if current & 1:  # the previous writer died inside its write: its rows stay unreadable
@@ -118,21 +122,47 @@ class RowVersions:
     def stamp(self, rows) -> None:
         """:meth:`begin` and :meth:`end` at once, for a private storage (no reader runs during its writes): one
         call per write, ``rows`` an int, an index array or a slice."""
+        if self._pending:
+            self._flush()
         array = self._array
         seq = int(array[self._global]) | 1
         array[self._global] = seq + 1
         self._rows[rows] = seq
 
+    # NOTE [deferred ring stamps]: a private storage's ring writes are only remembered by stamp_ring (a list
+    # append, or one int add when the write continues the previous one), and stamped when something reads
+    # the versions (snapshot, torn, share_memory_, another stamp) or every _MAX_PENDING writes: the stores
+    # into the row array cost several microseconds per write once the storage's copies evicted it from the
+    # caches. The deferred writes share one sequence number, the one a dump's snapshot sees after them: a row
+    # is never stamped older than its write, which is what incremental dumps need.
+    _MAX_PENDING = 256
+
     def stamp_ring(self, start: int, n: int) -> None:
-        """:meth:`stamp` of a ring write (:meth:`begin_ring`'s rows)."""
+        """:meth:`stamp` of a ring write (:meth:`begin_ring`'s rows), deferred (NOTE [deferred ring stamps])."""
+        pending = self._pending
+        if pending:
+            last = pending[-1]
+            if last[1] % self._global == start:  # continues the previous write
+                last[1] += n
+                return
+            if len(pending) >= self._MAX_PENDING:
+                self._flush()
+        pending.append([start, start + n])
+
+    def _flush(self) -> None:
+        """Stamps the deferred ring writes, with one new sequence number."""
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
         array, rows = self._array, self._rows
         seq = int(array[self._global]) | 1
         array[self._global] = seq + 1
         capacity = rows.shape[0]
-        stop = start + n
-        if n >= capacity:
-            rows[:] = seq
-        else:
+        for start, stop in pending:
+            if stop - start >= capacity:
+                rows[:] = seq
+                continue
             rows[start:stop] = seq
             if stop > capacity:
                 rows[: stop - capacity] = seq
@@ -144,11 +174,15 @@ class RowVersions:
 
     def snapshot(self) -> int:
         """The global sequence number, read before a gather."""
+        if self._pending:
+            self._flush()
         return int(self._array[self._global])
 
     def torn(self, snapshot: int, rows: np.ndarray) -> np.ndarray | None:
         """``None`` when no write overlapped the read since ``snapshot``, else a mask of the rows to read
         again (a write began on them at or after the snapshot, or left them mid-write)."""
+        if self._pending:
+            self._flush()
         if not snapshot & 1 and int(self._array[self._global]) == snapshot:
             return None
         return self._rows[rows] >= (snapshot | 1)
