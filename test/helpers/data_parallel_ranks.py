@@ -17,10 +17,15 @@ HOT_PRIORITY = 1e8  # the priority each rank gives its own item: the other items
 PRIORITY_DRAWS = 64  # items a rank draws from the prioritized buffer after the updates (global batch)
 
 
-def rank_main(rank: int, world_size: int, init_file: str, epoch_clients: list, priority_client, out_dir: str) -> None:
+def rank_main(rank: int, world_size: int, init_file: str, epoch_clients: list, priority_client, out_dir: str,
+              ray_auth_mode: str | None = None) -> None:
     """``epoch_clients[rank]``: a :class:`~torchrl.data.DataParallelReplayBufferClient` built and pickled by the test
-    process; ``priority_client``: a plain Ray client, which this rank wraps with ``.data_parallel(...)``."""
+    process; ``priority_client``: a plain Ray client, which this rank wraps with ``.data_parallel(...)``;
+    ``ray_auth_mode``: the cluster's ``RAY_AUTH_MODE`` (a forkserver child inherits the forkserver's environment,
+    which may predate ``ray.init``)."""
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # before this process joins the cluster: nothing leaves the machine
+    if ray_auth_mode is not None:
+        os.environ["RAY_AUTH_MODE"] = ray_auth_mode
     import torch
     import torch.distributed as dist
 

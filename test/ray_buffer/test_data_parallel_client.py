@@ -98,7 +98,10 @@ def rank_results(ray_module, tmp_path_factory):
         epoch_clients = [epoch_rb.data_parallel(rank=r, world_size=WORLD_SIZE) for r in range(WORLD_SIZE)]
         context = torch.multiprocessing.start_processes(
             rank_main,
-            args=(WORLD_SIZE, str(root / "init"), epoch_clients, priority_rb.client(), str(root)),
+            # Ray's auth mode of this cluster (ray.init sets RAY_AUTH_MODE here): a forkserver started by an
+            # earlier test, before ray.init, would hand the ranks an environment without it
+            args=(WORLD_SIZE, str(root / "init"), epoch_clients, priority_rb.client(), str(root),
+                  os.environ.get("RAY_AUTH_MODE")),
             nprocs=WORLD_SIZE,
             join=False,
             start_method="forkserver",
