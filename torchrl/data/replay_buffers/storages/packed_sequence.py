@@ -33,7 +33,15 @@ from torchrl.data.replay_buffers._shared.cleanup import make_scratch_dir
 from torchrl.data.replay_buffers._shared.counters import is_spawning
 from torchrl.data.replay_buffers._shared.lock import NULL_LOCK, ProcessLock
 from torchrl.data.replay_buffers.errors import CheckpointError, DrawOverwrittenError, TornReadError
-from torchrl.data.replay_buffers.loading.sequence_items import as_items, leaf_keys, segment_ids
+from torchrl.data.replay_buffers.loading.sequence_items import (
+    SequenceBatch,
+    as_items,
+    check_token_keys,
+    encode_sequences,
+    key_tuple,
+    segment_ids,
+    shown_key,
+)
 from torchrl.data.replay_buffers.storages._index import as_index_tensor
 from torchrl.data.replay_buffers.storages.base import Storage
 
@@ -45,50 +53,6 @@ START, LENGTH, ALIVE, SEQNO, GROUP = range(5)
 TOKEN_CURSOR, SEQ_COUNT, GROUP_COUNT, REVISION = range(4)
 _LAYOUT_FILE = "layout.json"
 _READ_ATTEMPTS = 8  # reads of named slots before a torn read raises (NOTE [packed reads])
-
-
-def _key(key) -> tuple:
-    return key if isinstance(key, tuple) else (key,)
-
-
-def _check_token_keys(token_keys) -> tuple:
-    """The per-token keys as tuples: a str is one key, any other iterable lists keys (a nested key is a tuple)."""
-    if isinstance(token_keys, str):
-        token_keys = (token_keys,)
-    if not isinstance(token_keys, (tuple, list)):
-        raise TypeError(
-            f"`token_keys` is a tuple of the keys of the per-token entries; got {type(token_keys).__name__}. "
-            f"Pass e.g. token_keys=('tokens', 'log_probs')."
-        )
-    keys = []
-    for key in list(token_keys):
-        if not (isinstance(key, str) or (isinstance(key, tuple) and key and all(isinstance(k, str) for k in key))):
-            raise TypeError(
-                f"`token_keys` holds the keys of the per-token entries (str or tuples of str); got {key!r} in "
-                f"{token_keys!r}. Pass e.g. token_keys=('tokens', 'log_probs')."
-            )
-        keys.append(_key(key))
-    if not keys or len(set(keys)) != len(keys):
-        raise ValueError(
-            f"`token_keys` must name at least one per-token entry, each once; got {token_keys!r}. Pass e.g. "
-            f"token_keys=('tokens',)."
-        )
-    return tuple(keys)
-
-
-def _shown(key: tuple):
-    return key[0] if len(key) == 1 else key
-
-
-class _Batch:
-    """A validated write: ``lengths`` [n] (and their Python ``total``), ``tokens`` {key: [T, *feature]},
-    ``fixed`` {key tuple: [n, *shape]}."""
-
-    __slots__ = ("lengths", "total", "tokens", "fixed")
-
-    def __init__(self, lengths: list, tokens: dict, fixed: dict):
-        self.lengths, self.total = torch.tensor(lengths, dtype=torch.long), sum(lengths)
-        self.tokens, self.fixed = tokens, fixed
 
 
 def _place(cursor: int, lengths: torch.Tensor, max_tokens: int) -> torch.Tensor:
@@ -202,7 +166,7 @@ class PackedSequenceStorage(Storage):
         max_sequences = check_positive_int("max_sequences", max_sequences)
         super().__init__(max_sequences)
         self.max_tokens = max_tokens
-        self.token_keys = _check_token_keys(token_keys)
+        self.token_keys = check_token_keys(token_keys)
         self.shared_init = check_bool("shared_init", shared_init)
         self.device = torch.device(device)
         if (scratch_dir is not None or self.shared_init) and self.device.type != "cpu":
@@ -340,94 +304,14 @@ class PackedSequenceStorage(Storage):
         return sum(v.numel() * v.element_size() for v in self._arena.values(True, True))
 
     # -- validation ------------------------------------------------------------------------------------------
-    def _encode(self, items: list, what: str) -> _Batch:
+    def _encode(self, items: list, what: str) -> SequenceBatch:
         """The validated batch of ``items`` (raises before anything is written)."""
-        first = leaf_keys(items[0])
-        token_keys = self.token_keys
-        # each item as {leaf key: value}: one items() read per item when every entry is a top-level tensor
-        flat = all(len(k) == 1 for k in token_keys) and all(isinstance(k, str) for k in first)
-        flat = flat and all(isinstance(v, torch.Tensor) for v in items[0].values())
-        if flat:
-            rows = [dict(item.items()) for item in items]
-            names = {key: key[0] for key in (*token_keys, *map(_key, first))}  # tuple key -> the row's str key
-        else:
-            rows = [{_key(k): item.get(k) for k in leaf_keys(item)} for item in items]
-            names = {key: key for key in (*token_keys, *map(_key, first))}
-        expected = {names[_key(k)] for k in first}
-        fixed_keys = [k for k in map(_key, first) if k not in token_keys]
-        shown_tokens = [_shown(k) for k in token_keys]
-        lengths = []
-        for i, row in enumerate(rows):
-            keys = row.keys()
-            if i == 0 or keys != expected:
-                missing = [_shown(k) for k in token_keys if names[k] not in keys]
-                if missing:
-                    raise KeyError(
-                        f"{what}: sequence {i} of the write has no token entry {missing[0]!r} (token_keys="
-                        f"{shown_tokens}); each sequence holds every token entry. Nothing was written."
-                    )
-            if keys != expected:
-                raise ValueError(
-                    f"{what}: sequence {i} of the write has the entries {sorted(map(str, keys))}, sequence 0 "
-                    f"{sorted(map(str, expected))}; every sequence holds the same entries. Nothing was written."
-                )
-            length = None
-            for key in token_keys:
-                value = row[names[key]]
-                if not isinstance(value, torch.Tensor) or value.ndim == 0:
-                    raise ValueError(
-                        f"{what}: the token entry {_shown(key)!r} of sequence {i} must be a tensor [L, ...] with "
-                        f"one value per token; got {type(value).__name__} of shape "
-                        f"{list(getattr(value, 'shape', []))}. Nothing was written."
-                    )
-                if length is None:
-                    length = value.shape[0]
-                elif value.shape[0] != length:
-                    raise ValueError(
-                        f"{what}: the token entries of sequence {i} have different lengths ({length} and "
-                        f"{value.shape[0]} for {_shown(key)!r}); each per-token entry has one value per token. "
-                        f"Nothing was written."
-                    )
-            if not 1 <= length <= self.max_tokens:
-                raise ValueError(
-                    f"{what}: sequence {i} has {length} tokens; a sequence holds 1 to max_tokens="
-                    f"{self.max_tokens} tokens. Build the storage with a larger max_tokens. Nothing was written."
-                )
-            lengths.append(length)
-        tokens = {}
-        for key in token_keys:
-            name = names[key]
-            try:
-                tokens[key] = torch.cat([row[name] for row in rows]).to(self.device)
-            except RuntimeError as err:
-                raise ValueError(
-                    f"{what}: the token entry {_shown(key)!r} has different feature shapes or dtypes across the "
-                    f"sequences of the write ({err}). Nothing was written."
-                ) from None
-        fixed = {}
-        for key in fixed_keys:
-            name = names[key]
-            values = [row[name] for row in rows]
-            if not all(isinstance(v, torch.Tensor) for v in values):
-                raise TypeError(
-                    f"{what}: the fixed entry {_shown(key)!r} holds a non-tensor value; a "
-                    f"PackedSequenceStorage stores tensors (encode strings as ids). Nothing was written."
-                )
-            try:
-                fixed[key] = torch.stack(values).to(self.device)
-            except RuntimeError:
-                raise ValueError(
-                    f"{what}: the fixed entry {_shown(key)!r} has different shapes across the sequences "
-                    f"of the write ({sorted({tuple(v.shape) for v in values})}); an entry that is not in "
-                    f"token_keys={shown_tokens} holds one value of one shape per sequence. Add "
-                    f"it to token_keys if it has one value per token. Nothing was written."
-                ) from None
-        batch = _Batch(lengths, tokens, fixed)
+        batch = encode_sequences(items, self.token_keys, self.max_tokens, self.device, what)
         self._check_layout(batch, what)
         return batch
 
     @staticmethod
-    def _layout_of(batch: _Batch) -> dict:
+    def _layout_of(batch: SequenceBatch) -> dict:
         return {
             "tokens": [(k, v.dtype, tuple(v.shape[1:])) for k, v in batch.tokens.items()],
             "fixed": [(k, v.dtype, tuple(v.shape[1:])) for k, v in batch.fixed.items()],
@@ -441,10 +325,10 @@ class PackedSequenceStorage(Storage):
     def _layout_of_backing(self) -> dict:
         return {
             "tokens": [(k, self._arena.get(k).dtype, tuple(self._arena.get(k).shape[1:])) for k in self.token_keys],
-            "fixed": [(_key(k), v.dtype, tuple(v.shape[1:])) for k, v in self._fixed.items(True, True)],
+            "fixed": [(key_tuple(k), v.dtype, tuple(v.shape[1:])) for k, v in self._fixed.items(True, True)],
         }
 
-    def _check_layout(self, batch: _Batch, what: str) -> None:
+    def _check_layout(self, batch: SequenceBatch, what: str) -> None:
         self._sync_shared_init()
         stored = self._stored_layout()
         if stored is None:
@@ -452,8 +336,8 @@ class PackedSequenceStorage(Storage):
         new = self._layout_of(batch)
         if {k for k, _, _ in new["fixed"]} != {k for k, _, _ in stored["fixed"]}:
             raise ValueError(
-                f"{what}: the sequences have the fixed entries {sorted(str(_shown(k)) for k, _, _ in new['fixed'])}, "
-                f"the storage holds {sorted(str(_shown(k)) for k, _, _ in stored['fixed'])}. Write the same "
+                f"{what}: the sequences have the fixed entries {sorted(str(shown_key(k)) for k, _, _ in new['fixed'])}, "
+                f"the storage holds {sorted(str(shown_key(k)) for k, _, _ in stored['fixed'])}. Write the same "
                 f"entries (or empty() a fresh storage). Nothing was written."
             )
         shapes = {k: (d, s) for k, d, s in stored["tokens"] + stored["fixed"]}
@@ -461,13 +345,13 @@ class PackedSequenceStorage(Storage):
             held_dtype, held_shape = shapes[key]
             if shape != held_shape:
                 raise ValueError(
-                    f"{what}: the entry {_shown(key)!r} has shape {list(shape)} per "
+                    f"{what}: the entry {shown_key(key)!r} has shape {list(shape)} per "
                     f"{'token' if key in self.token_keys else 'sequence'}, the storage holds {list(held_shape)}. "
                     f"Nothing was written."
                 )
             if dtype.is_floating_point and not (held_dtype.is_floating_point or held_dtype.is_complex):
                 raise TypeError(
-                    f"{what}: the entry {_shown(key)!r} is {dtype}, the storage holds {held_dtype}: floating "
+                    f"{what}: the entry {shown_key(key)!r} is {dtype}, the storage holds {held_dtype}: floating "
                     f"values would be truncated. Cast them (e.g. .long()) first. Nothing was written."
                 )
 
@@ -525,7 +409,7 @@ class PackedSequenceStorage(Storage):
                     self._slots[slots, ALIVE] = 0
             return self._append(batch, sizes)
 
-    def _append(self, batch: _Batch, sizes: torch.Tensor | None) -> torch.Tensor:
+    def _append(self, batch: SequenceBatch, sizes: torch.Tensor | None) -> torch.Tensor:
         """Writes a validated batch (under the write lock): NOTE [packed ring]."""
         self._sync_shared_init()
         if self._arena is None:
@@ -570,7 +454,7 @@ class PackedSequenceStorage(Storage):
         meta[REVISION] += 1
         return index
 
-    def _append_in_place(self, batch: _Batch, sizes: torch.Tensor | None, cursor: int, count: int) -> torch.Tensor:
+    def _append_in_place(self, batch: SequenceBatch, sizes: torch.Tensor | None, cursor: int, count: int) -> torch.Tensor:
         """:meth:`_append` of the usual write: its tokens fit before the arena's end and its slots before the slot
         table's end, so no tail is skipped, no group can overwrite itself and every sequence is kept; the rows
         are slices (same steps, same order: NOTE [packed reads])."""
@@ -634,7 +518,7 @@ class PackedSequenceStorage(Storage):
             table[first:, ALIVE] = 0
             table[: first + k - lo - s, ALIVE] = 0
 
-    def _write_tokens(self, batch: _Batch, starts: torch.Tensor, kept: torch.Tensor) -> None:
+    def _write_tokens(self, batch: SequenceBatch, starts: torch.Tensor, kept: torch.Tensor) -> None:
         m = self.max_tokens
         lengths = batch.lengths
         total = int(lengths.sum())
@@ -876,7 +760,7 @@ class PackedSequenceStorage(Storage):
                 for key, value in parts[name].items(True, True):
                     if value.shape[0] != rows:
                         raise ValueError(
-                            f"PackedSequenceStorage.load_state_dict: the {name} entry {_shown(_key(key))!r} has "
+                            f"PackedSequenceStorage.load_state_dict: the {name} entry {shown_key(key_tuple(key))!r} has "
                             f"{value.shape[0]} rows; this storage has {rows} (max_tokens={self.max_tokens}, "
                             f"max_sequences={self.max_size}). Build the storage with the saved sizes."
                         )
@@ -884,8 +768,8 @@ class PackedSequenceStorage(Storage):
             self._sync_shared_init()
             if parts and self._arena is None:
                 self._allocate({
-                    "tokens": [(_key(k), v.dtype, tuple(v.shape[1:])) for k, v in parts["arena"].items(True, True)],
-                    "fixed": [(_key(k), v.dtype, tuple(v.shape[1:])) for k, v in parts["fixed"].items(True, True)],
+                    "tokens": [(key_tuple(k), v.dtype, tuple(v.shape[1:])) for k, v in parts["arena"].items(True, True)],
+                    "fixed": [(key_tuple(k), v.dtype, tuple(v.shape[1:])) for k, v in parts["fixed"].items(True, True)],
                 })  # fmt: skip
             if parts:
                 targets = {"arena": self._arena, "fixed": self._fixed}
@@ -910,7 +794,7 @@ class PackedSequenceStorage(Storage):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(max_tokens={self.max_tokens}, max_sequences={self.max_size}, len={len(self)}, "
-            f"token_keys={[_shown(k) for k in self.token_keys]}, device={self.device})"
+            f"token_keys={[shown_key(k) for k in self.token_keys]}, device={self.device})"
         )
 
     # -- checkpoint part (the protocol of torchrl.data.replay_buffers._checkpoint.parts) --------------------------
@@ -1020,7 +904,7 @@ class PackedSequenceStorage(Storage):
                 value = tensors.get(name)
                 if not isinstance(value, torch.Tensor) or value.dtype != dtype or tuple(value.shape) != (n, *shape):
                     raise CheckpointError(
-                        f"{where}: the {part} entry {_shown(key)!r} ({name}) is missing or not {dtype} "
+                        f"{where}: the {part} entry {shown_key(key)!r} ({name}) is missing or not {dtype} "
                         f"{[n, *shape]}. Nothing was loaded."
                     )
         ctx.facts["storage_rows"] = self.max_size
